@@ -1,0 +1,267 @@
+//! Reverse-mode differentiation by graph extension.
+//!
+//! `backward` appends the gradient computation to the same graph as ordinary
+//! nodes (the rules in `rules.rs`), runs it with the same executor, and adds
+//! the results into the parameters' gradients. `Graph::grad` returns the
+//! gradient nodes instead, still differentiable, for higher-order
+//! derivatives. The walk: node ids are a topological order, so visiting ids
+//! from the root downwards sees every node after all of its consumers.
+
+pub mod rules;
+
+use smallvec::SmallVec;
+
+use crate::error::{Error, Result};
+use crate::graph::{flags, Graph, NodeId, Tensor};
+
+/// Options for `Tensor::backward_with_options`.
+#[derive(Clone, Copy, Default)]
+pub struct BackwardOptions<'g> {
+    /// The cotangent of the root (its shape); None means 1 for a
+    /// one-element root.
+    pub seed: Option<Tensor<'g>>,
+    /// Keep the values the gradient rules read, so that another backward
+    /// over this graph is allowed.
+    pub keep_graph: bool,
+}
+
+/// Refuse roots that cannot be differentiated, before anything is touched.
+fn check_root(op: &'static str, root: &Tensor<'_>) -> Result<()> {
+    if !root.dtype().is_float() {
+        return Err(Error::dtype(
+            op,
+            format!("the root has dtype {}; only floating-point results can be differentiated", root.dtype()),
+        ));
+    }
+    if !root.requires_grad() {
+        return Err(Error::autograd(
+            op,
+            "the root does not require grad: it depends on no parameter or variable (or was built under no_grad)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_seed(op: &'static str, root: &Tensor<'_>, seed: Option<Tensor<'_>>) -> Result<()> {
+    match seed {
+        None if root.numel() != 1 => Err(Error::shape(
+            op,
+            format!(
+                "an implicit seed of 1 needs a one-element root, this root has shape {:?}; pass a cotangent of that shape",
+                root.dims().as_slice()
+            ),
+        )),
+        None => Ok(()),
+        Some(s) => {
+            if !std::ptr::eq(s.graph, root.graph) {
+                return Err(Error::invalid(op, "the seed belongs to another graph"));
+            }
+            if s.dims() != root.dims() || s.dtype() != root.dtype() {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "the seed is {:?} {} but the root is {:?} {}",
+                        s.dims().as_slice(),
+                        s.dtype(),
+                        root.dims().as_slice(),
+                        root.dtype()
+                    ),
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Gradient node of every node up to the root that receives one.
+fn build_gradients(graph: &Graph, root: NodeId, seed: NodeId) -> Result<Vec<Option<NodeId>>> {
+    let mut grads: Vec<Option<NodeId>> = vec![None; root as usize + 1];
+    grads[root as usize] = Some(seed);
+    for id in (0..=root).rev() {
+        let Some(g) = grads[id as usize] else { continue };
+        let node = graph.node(id);
+        if node.flags & flags::REQUIRES_GRAD == 0 || node.op.is_leaf() {
+            continue;
+        }
+        let input_ids = graph.inputs_of(id);
+        let inputs: SmallVec<[Tensor<'_>; 3]> = input_ids.iter().map(|&i| graph.tensor(i)).collect();
+        let needs: SmallVec<[bool; 3]> = input_ids
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| graph.node(i).flags & flags::REQUIRES_GRAD != 0 && rules::differentiable_input(&node.op, k))
+            .collect();
+        let attrs = graph.attrs_of(&node.op);
+        let input_grads =
+            rules::input_gradients(node.op, &attrs, &inputs, graph.tensor(id), graph.tensor(g), &needs)?;
+        for (k, contribution) in input_grads.into_iter().enumerate() {
+            let Some(c) = contribution else { continue };
+            if !needs[k] {
+                continue;
+            }
+            let slot = &mut grads[input_ids[k] as usize];
+            *slot = Some(match *slot {
+                None => c.id,
+                // Fan-out: contributions add up.
+                Some(previous) => graph.tensor(previous).add(c)?.id,
+            });
+        }
+    }
+    Ok(grads)
+}
+
+impl<'g> Tensor<'g> {
+    /// Differentiate a one-element root (implicit seed 1): gradients are
+    /// added into every parameter's `grad` and kept for leaf variables and
+    /// `retain_grad` tensors. The graph is consumed: another backward over it
+    /// is an error (see `backward_with_options` to keep it).
+    pub fn backward(self) -> Result<()> {
+        self.backward_with_options(BackwardOptions::default())
+    }
+
+    /// Backward from a non-scalar root with an explicit cotangent.
+    pub fn backward_with(self, seed: Tensor<'g>) -> Result<()> {
+        self.backward_with_options(BackwardOptions { seed: Some(seed), keep_graph: false })
+    }
+
+    /// Backward with every option. Failure-atomic: on error, no parameter,
+    /// gradient or graph node has changed.
+    pub fn backward_with_options(self, options: BackwardOptions<'g>) -> Result<()> {
+        let graph = self.graph;
+        check_root("backward", &self)?;
+        if graph.state.borrow().differentiated {
+            return Err(Error::autograd(
+                "backward",
+                "this graph was already differentiated and its saved values released; pass \
+                 keep_graph: true to the first backward to differentiate it again",
+            ));
+        }
+        check_seed("backward", &self, options.seed)?;
+
+        let mark = graph.mark();
+        let plan = self.plan_backward(options);
+        let plan = match plan {
+            Ok(plan) => plan,
+            Err(e) => {
+                graph.rollback(mark);
+                graph.state.borrow_mut().differentiated = false;
+                return Err(e);
+            }
+        };
+        graph.commit_backward(plan, options.keep_graph)
+    }
+
+    /// Build and run the gradient nodes; changes nothing outside the graph.
+    fn plan_backward(self, options: BackwardOptions<'g>) -> Result<BackwardPlan> {
+        let graph = self.graph;
+        let _no_grad = graph.set_grad_enabled(false);
+        let seed = match options.seed {
+            Some(s) => s,
+            None => graph.full(&self.dims(), 1.0, self.dtype())?,
+        };
+        let grads = build_gradients(graph, self.id, seed.id)?;
+        let mut plan = BackwardPlan::default();
+        {
+            let state = graph.state.borrow();
+            for (index, (_, leaf, _)) in state.params.iter().enumerate() {
+                if let Some(Some(g)) = grads.get(*leaf as usize) {
+                    plan.params.push((index, *g));
+                }
+            }
+        }
+        for id in 0..=self.id {
+            let node = graph.node(id);
+            if node.flags & (flags::VARIABLE | flags::RETAIN_GRAD) == 0 {
+                continue;
+            }
+            let Some(g) = grads[id as usize] else { continue };
+            let total = match graph.tensor(id).grad() {
+                Some(previous) => previous.add(graph.tensor(g))?.id,
+                None => g,
+            };
+            plan.kept.push((id, total));
+        }
+        let mut targets: Vec<NodeId> = plan.params.iter().map(|p| p.1).collect();
+        targets.extend(plan.kept.iter().map(|k| k.1));
+        // The root's value stays readable after the optimizer step.
+        targets.push(self.id);
+        // Without keep_graph, saved forward values are released at their
+        // last use by the gradient nodes.
+        graph.state.borrow_mut().differentiated = !options.keep_graph;
+        graph.realize_ids(&targets)?;
+        Ok(plan)
+    }
+}
+
+#[derive(Default)]
+struct BackwardPlan {
+    /// (index into the graph's parameter list, gradient node)
+    params: Vec<(usize, NodeId)>,
+    /// (kept node, its total gradient node)
+    kept: Vec<(NodeId, NodeId)>,
+}
+
+impl Graph {
+    fn commit_backward(&self, plan: BackwardPlan, keep_graph: bool) -> Result<()> {
+        let mut taken: Vec<NodeId> = Vec::new();
+        let kept_ids: Vec<NodeId> = plan.kept.iter().map(|k| k.1).collect();
+        for (index, g) in plan.params {
+            let (param, buffer, take) = {
+                let mut state = self.state.borrow_mut();
+                let param = state.params[index].0.clone();
+                let node = state.nodes[g as usize];
+                // Hand the gradient buffer to the parameter when nothing else
+                // uses it; otherwise the parameter gets a copy.
+                let take = !node.op.is_leaf() && !taken.contains(&g) && !kept_ids.contains(&g);
+                let buffer = state.values[g as usize].expect("gradient was realized");
+                if take {
+                    state.values[g as usize] = None;
+                    taken.push(g);
+                }
+                (param, buffer, take)
+            };
+            param.accumulate_grad(buffer, take)?;
+        }
+        let mut state = self.state.borrow_mut();
+        for (node, g) in plan.kept {
+            match state.kept_grads.iter_mut().find(|(n, _)| *n == node) {
+                Some(entry) => entry.1 = g,
+                None => state.kept_grads.push((node, g)),
+            }
+        }
+        state.differentiated = !keep_graph;
+        Ok(())
+    }
+
+    /// Gradients of `root` with respect to each of `wrt`, as new nodes of
+    /// this graph that are themselves differentiable (higher order: take the
+    /// `grad` of a gradient). Nothing is accumulated anywhere and the graph
+    /// is not consumed. A `wrt` tensor the root does not depend on gets zeros.
+    pub fn grad<'g>(&'g self, root: Tensor<'g>, wrt: &[Tensor<'g>], seed: Option<Tensor<'g>>) -> Result<Vec<Tensor<'g>>> {
+        check_root("grad", &root)?;
+        check_seed("grad", &root, seed)?;
+        for w in wrt {
+            if !std::ptr::eq(w.graph, self) {
+                return Err(Error::invalid("grad", "a wrt tensor belongs to another graph"));
+            }
+        }
+        let mark = self.mark();
+        let result = (|| {
+            let _grad_mode = self.set_grad_enabled(true);
+            let seed = match seed {
+                Some(s) => s,
+                None => self.full(&root.dims(), 1.0, root.dtype())?,
+            };
+            let grads = build_gradients(self, root.id, seed.id)?;
+            wrt.iter()
+                .map(|w| match grads.get(w.id as usize).copied().flatten() {
+                    Some(g) => Ok(self.tensor(g)),
+                    None => self.zeros(&w.dims(), w.dtype()),
+                })
+                .collect::<Result<Vec<_>>>()
+        })();
+        if result.is_err() {
+            self.rollback(mark);
+        }
+        result
+    }
+}

@@ -1,0 +1,97 @@
+//! The contract between the executor and a device.
+//!
+//! A backend owns its buffers and hands out opaque `BufferId`s. The executor
+//! (not the backend) decides what runs, in which order, and when a buffer is
+//! no longer needed; the backend only runs one kernel at a time on buffers it
+//! is given. A backend may record kernels and submit them later: `flush` marks
+//! the end of one execution (the wgpu backend submits its command encoder
+//! there). Reads are futures because in a browser nothing may block.
+
+pub mod cpu;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::dtype::{DType, HostData};
+use crate::error::Result;
+use crate::op::Op;
+
+/// A backend's handle to one of its buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufferId(pub u32);
+
+/// A buffer as a kernel sees it: which buffer, how to interpret it.
+/// The buffer may be longer than the tensor (pooled buffers are rounded up).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorRef<'a> {
+    pub buffer: BufferId,
+    pub dims: &'a [usize],
+    pub dtype: DType,
+}
+
+impl TensorRef<'_> {
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+/// One kernel launch: an op, its attributes, its inputs and its output.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelCall<'a> {
+    pub op: Op,
+    /// The op's slab attributes (permutation, slice triples), if any.
+    pub attrs: &'a [usize],
+    pub inputs: &'a [TensorRef<'a>],
+    pub output: TensorRef<'a>,
+}
+
+/// In-place optimizer updates on persistent parameter buffers. These are not
+/// graph ops (they have no gradient): they run as fused kernels so an update
+/// is one pass over memory, not a dozen small graph nodes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ParamUpdate {
+    /// state: [velocity] when momentum != 0, else [].
+    Sgd { lr: f64, momentum: f64, dampening: f64, weight_decay: f64, nesterov: bool },
+    /// state: [first moment, second moment]. `step` counts from 1.
+    /// `decoupled_weight_decay` selects AdamW.
+    Adam { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, decoupled_weight_decay: bool, step: u64 },
+}
+
+pub type ReadFuture = Pin<Box<dyn Future<Output = Result<HostData>>>>;
+
+pub trait Backend {
+    /// Human-readable description, e.g. "cpu (rayon, 2 threads)".
+    fn name(&self) -> String;
+
+    /// A new buffer with room for `len` elements of `dtype`. Contents are
+    /// unspecified: every kernel writes its whole output.
+    fn alloc(&self, dtype: DType, len: usize) -> Result<BufferId>;
+    fn free(&self, buffer: BufferId);
+    /// Copy host data into the start of a buffer.
+    fn upload(&self, buffer: BufferId, data: &HostData) -> Result<()>;
+    /// Copy `len` elements from one buffer to another of the same dtype.
+    fn copy(&self, src: BufferId, dst: BufferId, dtype: DType, len: usize) -> Result<()>;
+
+    /// Run (or record) one kernel. Shapes and dtypes have been validated when
+    /// the node was built; data-dependent checks (index ranges) happen here.
+    fn run(&self, call: &KernelCall<'_>) -> Result<()>;
+    /// Update a parameter in place from its gradient.
+    fn update_param(
+        &self,
+        update: &ParamUpdate,
+        param: BufferId,
+        grad: BufferId,
+        state: &[BufferId],
+        dtype: DType,
+        len: usize,
+    ) -> Result<()>;
+    /// End of one execution: submit whatever was recorded.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Read the first `len` elements of a buffer.
+    fn read(&self, buffer: BufferId, dtype: DType, len: usize) -> ReadFuture;
+    /// Whether this backend has a kernel for `op` on `dtype` (the coverage
+    /// report and the parity tests ask this).
+    fn supports(&self, op: &Op, dtype: DType) -> bool;
+}

@@ -1,0 +1,194 @@
+//! A device: one backend plus the size-bucketed buffer pool in front of it.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, BufferId};
+use crate::dtype::{DType, HostData};
+use crate::error::Result;
+
+/// A handle to a compute device. Cloning is cheap and shares the device.
+///
+/// kiln graphs are single-threaded by design (like a JAX trace): a device and
+/// everything made on it stay on the thread that made them, which keeps node
+/// creation and scheduling at the microsecond scale and fits the browser.
+#[derive(Clone)]
+pub struct Device(Rc<DeviceShared>);
+
+struct DeviceShared {
+    backend: Box<dyn Backend>,
+    pool: RefCell<BufferPool>,
+}
+
+/// Counters of the pool: the executor tests read these to prove that buffers
+/// are returned at their last use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Buffers handed out and not yet returned (graph values, parameters,
+    /// gradients, optimizer state).
+    pub live_buffers: usize,
+    /// The most buffers live at once since the last `reset_peak`.
+    pub peak_live_buffers: usize,
+    /// Buffers resting in the pool, ready for reuse.
+    pub pooled_buffers: usize,
+    /// Buffers the backend was asked to create (pool misses).
+    pub backend_allocations: usize,
+}
+
+const DTYPES: usize = 4;
+const BUCKETS: usize = 1 + 58 * 4;
+
+struct BufferPool {
+    free: Vec<Vec<BufferId>>,
+    stats: PoolStats,
+}
+
+/// Pool bucket of a request for `len` elements: (bucket index, capacity).
+/// Capacities step by a quarter of a power of two, so a pooled buffer wastes
+/// at most 25% and requests of similar sizes share buffers.
+fn bucket(len: usize) -> (usize, usize) {
+    if len <= 64 {
+        return (0, 64);
+    }
+    let e = (usize::BITS - 1 - (len - 1).leading_zeros()) as usize;
+    let step = 1usize << (e - 2);
+    let cap = len.div_ceil(step) * step;
+    let quarter = cap / step - 5;
+    (1 + (e - 6) * 4 + quarter, cap)
+}
+
+fn dtype_index(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::F64 => 1,
+        DType::I32 => 2,
+        DType::Bool => 3,
+    }
+}
+
+impl Device {
+    /// The CPU device (rayon-parallel where the `rayon` feature is on).
+    pub fn cpu() -> Device {
+        Device::from_backend(CpuBackend::new())
+    }
+
+    pub fn from_backend(backend: impl Backend + 'static) -> Device {
+        Device(Rc::new(DeviceShared {
+            backend: Box::new(backend),
+            pool: RefCell::new(BufferPool {
+                free: vec![Vec::new(); DTYPES * BUCKETS],
+                stats: PoolStats::default(),
+            }),
+        }))
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        self.0.backend.as_ref()
+    }
+
+    pub fn name(&self) -> String {
+        self.0.backend.name()
+    }
+
+    /// Whether two handles refer to the same device.
+    pub fn same(&self, other: &Device) -> bool {
+        Rc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// A buffer for `len` elements, from the pool when one of the right
+    /// bucket is resting there.
+    pub(crate) fn take_buffer(&self, dtype: DType, len: usize) -> Result<BufferId> {
+        let (b, cap) = bucket(len);
+        let mut pool = self.0.pool.borrow_mut();
+        let slot = dtype_index(dtype) * BUCKETS + b;
+        let id = match pool.free[slot].pop() {
+            Some(id) => {
+                pool.stats.pooled_buffers -= 1;
+                id
+            }
+            None => {
+                let id = self.0.backend.alloc(dtype, cap)?;
+                pool.stats.backend_allocations += 1;
+                id
+            }
+        };
+        pool.stats.live_buffers += 1;
+        pool.stats.peak_live_buffers = pool.stats.peak_live_buffers.max(pool.stats.live_buffers);
+        Ok(id)
+    }
+
+    /// Return a buffer taken with `take_buffer(dtype, len)` to the pool.
+    pub(crate) fn give_back(&self, buffer: BufferId, dtype: DType, len: usize) {
+        let (b, _) = bucket(len);
+        let mut pool = self.0.pool.borrow_mut();
+        pool.free[dtype_index(dtype) * BUCKETS + b].push(buffer);
+        pool.stats.live_buffers -= 1;
+        pool.stats.pooled_buffers += 1;
+    }
+
+    /// A pooled buffer holding `data`.
+    pub(crate) fn upload(&self, data: &HostData) -> Result<BufferId> {
+        let id = self.take_buffer(data.dtype(), data.len())?;
+        if let Err(e) = self.0.backend.upload(id, data) {
+            self.give_back(id, data.dtype(), data.len());
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.0.pool.borrow().stats
+    }
+
+    /// Start counting `peak_live_buffers` from the current level.
+    pub fn reset_peak(&self) {
+        let mut pool = self.0.pool.borrow_mut();
+        pool.stats.peak_live_buffers = pool.stats.live_buffers;
+    }
+
+    /// Release every resting buffer back to the backend.
+    pub fn trim_pool(&self) {
+        let mut pool = self.0.pool.borrow_mut();
+        for list in pool.free.iter_mut() {
+            for id in list.drain(..) {
+                self.0.backend.free(id);
+            }
+        }
+        pool.stats.pooled_buffers = 0;
+    }
+}
+
+impl Drop for DeviceShared {
+    fn drop(&mut self) {
+        for list in self.pool.get_mut().free.drain(..) {
+            for id in list {
+                self.backend.free(id);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_round_up_by_at_most_a_quarter() {
+        assert_eq!(bucket(1), (0, 64));
+        assert_eq!(bucket(64), (0, 64));
+        assert_eq!(bucket(65), (1, 80));
+        assert_eq!(bucket(128), (4, 128));
+        assert_eq!(bucket(129).1, 160);
+        for len in [1000usize, 4096, 100_000, 1 << 30] {
+            let (_, cap) = bucket(len);
+            assert!(cap >= len && (cap as f64) <= len as f64 * 1.25 + 64.0);
+        }
+    }
+}

@@ -1,0 +1,505 @@
+//! The graph arena and tensor handles.
+//!
+//! A `Graph` records one step's computation as plain-data nodes in a `Vec`,
+//! with side slabs for inputs, dimensions and attributes. Nodes are created in
+//! dependency order, so a node's id is already a topological position: every
+//! walk (scheduling, differentiation, freeing) is a loop over ids, never a
+//! recursion. Building a node checks and infers its shape and dtype at once;
+//! nothing runs until a value is read, `realize`d or differentiated.
+//!
+//! `Tensor<'g>` borrows the graph, so `Graph::reset(&mut self)` cannot run
+//! while any handle is alive: a stale handle is a compile error.
+
+use std::cell::{Cell, RefCell};
+use std::panic::Location;
+
+use crate::backend::BufferId;
+use crate::device::Device;
+use crate::dtype::{DType, Element, HostData};
+use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::param::Param;
+use crate::shape::{fmt_dims, Dims, MAX_RANK};
+
+pub type NodeId = u32;
+
+/// A half-open range into one of the graph's slabs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SlabRange {
+    pub start: u32,
+    pub len: u32,
+}
+
+impl SlabRange {
+    pub(crate) fn of<T>(slab: &[T], range: SlabRange) -> &[T] {
+        &slab[range.start as usize..(range.start + range.len) as usize]
+    }
+}
+
+pub(crate) mod flags {
+    /// The node's value depends on something that requires grad.
+    pub const REQUIRES_GRAD: u8 = 1;
+    /// A gradient rule of a consumer reads this value: keep it after the
+    /// forward pass until the backward pass has used it.
+    pub const SAVED: u8 = 2;
+    /// Keep this intermediate's gradient after backward (`retain_grad`).
+    pub const RETAIN_GRAD: u8 = 4;
+    /// A leaf made with `Graph::variable`: its gradient is kept.
+    pub const VARIABLE: u8 = 8;
+}
+
+/// One node: what it computes and what it looks like. Plain `Copy` data.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Node {
+    pub op: Op,
+    pub inputs: SlabRange,
+    pub dims: SlabRange,
+    pub dtype: DType,
+    pub flags: u8,
+    /// Where the user's code made this node; errors found when it runs point
+    /// there.
+    pub location: &'static Location<'static>,
+}
+
+/// Everything a graph holds. Borrowed mutably only inside graph methods,
+/// never across a call into user code.
+pub(crate) struct GraphState {
+    pub nodes: Vec<Node>,
+    pub input_slab: Vec<NodeId>,
+    pub dims_slab: Vec<usize>,
+    pub attr_slab: Vec<usize>,
+    /// The buffer holding each node's value, if it has been computed.
+    pub values: Vec<Option<BufferId>>,
+    /// Nodes whose buffer the graph owns, in the order they were computed
+    /// (entries whose value was freed since are skipped on reset).
+    pub owned: Vec<NodeId>,
+    /// Parameters used in this graph, with their leaf node and the parameter
+    /// version seen when the leaf was made.
+    pub params: Vec<(Param, NodeId, u64)>,
+    /// Gradients kept after backward: leaf variables and retained nodes.
+    pub kept_grads: Vec<(NodeId, NodeId)>,
+    /// A backward pass has consumed the saved values of this graph.
+    pub differentiated: bool,
+    /// Executor scratch, reused between executions.
+    pub scratch_uses: Vec<u32>,
+    pub scratch_marks: Vec<u8>,
+}
+
+/// A lazy computation graph for one step. See the module docs.
+pub struct Graph {
+    device: Device,
+    pub(crate) state: RefCell<GraphState>,
+    grad_enabled: Cell<bool>,
+}
+
+/// A handle to one node of a graph. Cheap to copy; cannot outlive a reset.
+#[derive(Clone, Copy)]
+pub struct Tensor<'g> {
+    pub(crate) graph: &'g Graph,
+    pub(crate) id: NodeId,
+}
+
+/// Restores the previous grad mode when dropped (see `Graph::no_grad`).
+pub struct NoGradGuard<'g> {
+    graph: &'g Graph,
+    previous: bool,
+}
+
+impl Drop for NoGradGuard<'_> {
+    fn drop(&mut self) {
+        self.graph.grad_enabled.set(self.previous);
+    }
+}
+
+/// Lengths of every arena, so a failed multi-node construction (a backward
+/// pass) can be rolled back exactly.
+#[derive(Clone, Copy)]
+pub(crate) struct GraphMark {
+    nodes: usize,
+    inputs: usize,
+    dims: usize,
+    attrs: usize,
+    params: usize,
+}
+
+impl Graph {
+    pub fn new(device: &Device) -> Graph {
+        Graph {
+            device: device.clone(),
+            state: RefCell::new(GraphState {
+                nodes: Vec::new(),
+                input_slab: Vec::new(),
+                dims_slab: Vec::new(),
+                attr_slab: Vec::new(),
+                values: Vec::new(),
+                owned: Vec::new(),
+                params: Vec::new(),
+                kept_grads: Vec::new(),
+                differentiated: false,
+                scratch_uses: Vec::new(),
+                scratch_marks: Vec::new(),
+            }),
+            grad_enabled: Cell::new(true),
+        }
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Number of nodes recorded so far.
+    pub fn len(&self) -> usize {
+        self.state.borrow().nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Start a fresh step: every intermediate buffer goes back to the pool
+    /// and the arenas are emptied (their capacity is kept). Requires `&mut`,
+    /// so no `Tensor` of this graph can be alive.
+    pub fn reset(&mut self) {
+        let device = self.device.clone();
+        let state = self.state.get_mut();
+        release_owned_from(&device, state, 0);
+        state.nodes.clear();
+        state.input_slab.clear();
+        state.dims_slab.clear();
+        state.attr_slab.clear();
+        state.values.clear();
+        state.owned.clear();
+        state.params.clear();
+        state.kept_grads.clear();
+        state.differentiated = false;
+        self.grad_enabled.set(true);
+    }
+
+    /// Whether new nodes record gradient structure.
+    pub fn is_grad_enabled(&self) -> bool {
+        self.grad_enabled.get()
+    }
+
+    /// Record no gradient structure until the guard is dropped:
+    /// `let _guard = graph.no_grad();`.
+    pub fn no_grad(&self) -> NoGradGuard<'_> {
+        let previous = self.grad_enabled.replace(false);
+        NoGradGuard { graph: self, previous }
+    }
+
+    pub(crate) fn set_grad_enabled(&self, enabled: bool) -> NoGradGuard<'_> {
+        let previous = self.grad_enabled.replace(enabled);
+        NoGradGuard { graph: self, previous }
+    }
+
+    /// Run `f` with gradient recording off.
+    pub fn with_no_grad<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _guard = self.no_grad();
+        f()
+    }
+
+    pub(crate) fn tensor(&self, id: NodeId) -> Tensor<'_> {
+        Tensor { graph: self, id }
+    }
+
+    // ----- creation --------------------------------------------------------
+
+    /// A constant tensor from host data (uploaded now).
+    #[track_caller]
+    pub fn tensor_from<T: Element>(&self, data: &[T], dims: &[usize]) -> Result<Tensor<'_>> {
+        self.host_tensor(T::into_host(data.to_vec()), dims, false, Location::caller())
+    }
+
+    /// A constant tensor from tagged host data.
+    #[track_caller]
+    pub fn from_host(&self, data: HostData, dims: &[usize]) -> Result<Tensor<'_>> {
+        self.host_tensor(data, dims, false, Location::caller())
+    }
+
+    /// A leaf that requires grad and keeps its gradient after `backward`
+    /// (read it with `Tensor::grad`). Float data only.
+    #[track_caller]
+    pub fn variable<T: Element>(&self, data: &[T], dims: &[usize]) -> Result<Tensor<'_>> {
+        self.variable_from_host(T::into_host(data.to_vec()), dims)
+    }
+
+    #[track_caller]
+    pub fn variable_from_host(&self, data: HostData, dims: &[usize]) -> Result<Tensor<'_>> {
+        if !data.dtype().is_float() {
+            return Err(Error::dtype(
+                "variable",
+                format!("only floating-point tensors can require grad, got {}", data.dtype()),
+            ));
+        }
+        self.host_tensor(data, dims, true, Location::caller())
+    }
+
+    fn host_tensor(
+        &self,
+        data: HostData,
+        dims: &[usize],
+        variable: bool,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor<'_>> {
+        check_rank("Input", dims).map_err(|e| e.at(location))?;
+        let expected: usize = dims.iter().product();
+        if data.len() != expected {
+            return Err(Error::shape(
+                "Input",
+                format!("{} values given for shape {} ({} elements)", data.len(), fmt_dims(dims), expected),
+            )
+            .at(location));
+        }
+        let buffer = self.device.upload(&data).map_err(|e| e.at(location))?;
+        let flags = if variable { flags::REQUIRES_GRAD | flags::VARIABLE } else { 0 };
+        let id = self.push_node(Op::Input, &[], dims, data.dtype(), flags, &[], location);
+        let mut state = self.state.borrow_mut();
+        state.values[id as usize] = Some(buffer);
+        state.owned.push(id);
+        Ok(self.tensor(id))
+    }
+
+    /// A tensor of `dims` filled with `value`.
+    #[track_caller]
+    pub fn full(&self, dims: &[usize], value: f64, dtype: DType) -> Result<Tensor<'_>> {
+        check_rank("Full", dims)?;
+        Ok(self.tensor(self.push_node(Op::Full(value), &[], dims, dtype, 0, &[], Location::caller())))
+    }
+
+    #[track_caller]
+    pub fn zeros(&self, dims: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        self.full(dims, 0.0, dtype)
+    }
+
+    #[track_caller]
+    pub fn ones(&self, dims: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        self.full(dims, 1.0, dtype)
+    }
+
+    /// A rank-0 tensor.
+    #[track_caller]
+    pub fn scalar(&self, value: f64, dtype: DType) -> Result<Tensor<'_>> {
+        self.full(&[], value, dtype)
+    }
+
+    /// `len` values start, start + step, ... as a 1-D tensor.
+    #[track_caller]
+    pub fn arange(&self, start: f64, step: f64, len: usize, dtype: DType) -> Result<Tensor<'_>> {
+        if dtype == DType::Bool {
+            return Err(Error::dtype("Arange", "bool is not a numeric dtype"));
+        }
+        if !start.is_finite() || !step.is_finite() {
+            return Err(Error::invalid("Arange", format!("start {start} and step {step} must be finite")));
+        }
+        Ok(self.tensor(self.push_node(Op::Arange { start, step }, &[], &[len], dtype, 0, &[], Location::caller())))
+    }
+
+    /// Use a parameter in this graph: a leaf that refers to the parameter's
+    /// persistent buffer (no copy). Using the same parameter twice returns
+    /// the same leaf.
+    #[track_caller]
+    pub fn param(&self, param: &Param) -> Result<Tensor<'_>> {
+        if !param.device().same(&self.device) {
+            return Err(Error::invalid(
+                "Param",
+                format!(
+                    "parameter '{}' lives on {} but this graph runs on {}",
+                    param.name(),
+                    param.device().name(),
+                    self.device.name()
+                ),
+            ));
+        }
+        let requires = param.requires_grad() && self.is_grad_enabled();
+        {
+            let state = self.state.borrow();
+            for (p, id, _) in &state.params {
+                if p.same(param) && state.nodes[*id as usize].flags & flags::REQUIRES_GRAD == (requires as u8) {
+                    return Ok(self.tensor(*id));
+                }
+            }
+        }
+        let index = self.state.borrow().params.len() as u32;
+        let dims = param.dims();
+        let flag = if requires { flags::REQUIRES_GRAD } else { 0 };
+        let id = self.push_node(Op::Param(index), &[], &dims, param.dtype(), flag, &[], Location::caller());
+        let mut state = self.state.borrow_mut();
+        state.values[id as usize] = Some(param.buffer());
+        state.params.push((param.clone(), id, param.version()));
+        Ok(self.tensor(id))
+    }
+
+    // ----- node plumbing ---------------------------------------------------
+
+    /// Append a node. Callers have validated everything; this cannot fail.
+    pub(crate) fn push_node(
+        &self,
+        op: Op,
+        inputs: &[NodeId],
+        dims: &[usize],
+        dtype: DType,
+        flags: u8,
+        attrs: &[usize],
+        location: &'static Location<'static>,
+    ) -> NodeId {
+        let mut state = self.state.borrow_mut();
+        let id = state.nodes.len() as NodeId;
+        let inputs_range = SlabRange { start: state.input_slab.len() as u32, len: inputs.len() as u32 };
+        state.input_slab.extend_from_slice(inputs);
+        let dims_range = SlabRange { start: state.dims_slab.len() as u32, len: dims.len() as u32 };
+        state.dims_slab.extend_from_slice(dims);
+        let op = match op {
+            Op::Permute(_) | Op::Slice(_) | Op::SliceBackward(_) => {
+                let range = crate::op::AttrRange { start: state.attr_slab.len() as u32, len: attrs.len() as u32 };
+                state.attr_slab.extend_from_slice(attrs);
+                match op {
+                    Op::Permute(_) => Op::Permute(range),
+                    Op::Slice(_) => Op::Slice(range),
+                    _ => Op::SliceBackward(range),
+                }
+            }
+            other => other,
+        };
+        state.nodes.push(Node { op, inputs: inputs_range, dims: dims_range, dtype, flags, location });
+        state.values.push(None);
+        id
+    }
+
+    pub(crate) fn mark(&self) -> GraphMark {
+        let state = self.state.borrow();
+        GraphMark {
+            nodes: state.nodes.len(),
+            inputs: state.input_slab.len(),
+            dims: state.dims_slab.len(),
+            attrs: state.attr_slab.len(),
+            params: state.params.len(),
+        }
+    }
+
+    /// Drop every node made after `mark`, returning their buffers.
+    pub(crate) fn rollback(&self, mark: GraphMark) {
+        let mut state = self.state.borrow_mut();
+        let state = &mut *state;
+        release_owned_from(&self.device, state, mark.nodes as NodeId);
+        state.nodes.truncate(mark.nodes);
+        state.values.truncate(mark.nodes);
+        state.input_slab.truncate(mark.inputs);
+        state.dims_slab.truncate(mark.dims);
+        state.attr_slab.truncate(mark.attrs);
+        state.params.truncate(mark.params);
+        state.kept_grads.retain(|&(a, b)| (a as usize) < mark.nodes && (b as usize) < mark.nodes);
+    }
+
+    pub(crate) fn node(&self, id: NodeId) -> Node {
+        self.state.borrow().nodes[id as usize]
+    }
+
+    pub(crate) fn dims_of(&self, id: NodeId) -> Dims {
+        let state = self.state.borrow();
+        Dims::from_slice(SlabRange::of(&state.dims_slab, state.nodes[id as usize].dims))
+    }
+
+    pub(crate) fn inputs_of(&self, id: NodeId) -> smallvec::SmallVec<[NodeId; 3]> {
+        let state = self.state.borrow();
+        smallvec::SmallVec::from_slice(SlabRange::of(&state.input_slab, state.nodes[id as usize].inputs))
+    }
+
+    pub(crate) fn attrs_of(&self, op: &Op) -> Vec<usize> {
+        match op {
+            Op::Permute(r) | Op::Slice(r) | Op::SliceBackward(r) => {
+                let state = self.state.borrow();
+                state.attr_slab[r.start as usize..(r.start + r.len) as usize].to_vec()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    pub(crate) fn set_flag(&self, id: NodeId, flag: u8) {
+        self.state.borrow_mut().nodes[id as usize].flags |= flag;
+    }
+
+    /// How many nodes of this graph carry the given op name; tests use it to
+    /// prove that frozen parameters get no backward nodes.
+    pub fn count_ops(&self, name: &str) -> usize {
+        self.state.borrow().nodes.iter().filter(|n| n.op.name() == name).count()
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let device = self.device.clone();
+        release_owned_from(&device, self.state.get_mut(), 0);
+    }
+}
+
+/// Give back every owned buffer of nodes with id >= `from`.
+fn release_owned_from(device: &Device, state: &mut GraphState, from: NodeId) {
+    let mut kept = Vec::new();
+    for &id in &state.owned {
+        if id < from {
+            kept.push(id);
+            continue;
+        }
+        if let Some(buffer) = state.values[id as usize].take() {
+            let node = state.nodes[id as usize];
+            let len = SlabRange::of(&state.dims_slab, node.dims).iter().product();
+            device.give_back(buffer, node.dtype, len);
+        }
+    }
+    state.owned = kept;
+}
+
+pub(crate) fn check_rank(op: &'static str, dims: &[usize]) -> Result<()> {
+    if dims.len() > MAX_RANK {
+        return Err(Error::shape(op, format!("rank {} exceeds kiln's maximum of {MAX_RANK}", dims.len())));
+    }
+    Ok(())
+}
+
+impl<'g> Tensor<'g> {
+    pub fn graph(&self) -> &'g Graph {
+        self.graph
+    }
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+    pub fn dims(&self) -> Dims {
+        self.graph.dims_of(self.id)
+    }
+    pub fn rank(&self) -> usize {
+        self.graph.node(self.id).dims.len as usize
+    }
+    pub fn numel(&self) -> usize {
+        self.dims().iter().product()
+    }
+    pub fn dtype(&self) -> DType {
+        self.graph.node(self.id).dtype
+    }
+    pub fn requires_grad(&self) -> bool {
+        self.graph.node(self.id).flags & flags::REQUIRES_GRAD != 0
+    }
+    /// The operator that made this tensor.
+    pub fn op(&self) -> Op {
+        self.graph.node(self.id).op
+    }
+    /// Keep this intermediate's gradient when `backward` runs; read it with
+    /// `grad()` afterwards.
+    pub fn retain_grad(self) -> Self {
+        self.graph.set_flag(self.id, flags::RETAIN_GRAD);
+        self
+    }
+    /// The gradient kept by the last backward pass: for leaf variables and
+    /// tensors marked with `retain_grad`. Parameters keep theirs in the
+    /// `Param` (see `Param::grad`).
+    pub fn grad(&self) -> Option<Tensor<'g>> {
+        let state = self.graph.state.borrow();
+        state.kept_grads.iter().find(|(n, _)| *n == self.id).map(|&(_, g)| self.graph.tensor(g))
+    }
+}
+
+impl std::fmt::Debug for Tensor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let node = self.graph.node(self.id);
+        write!(f, "Tensor(#{} {} {} {})", self.id, node.op.name(), fmt_dims(&self.dims()), node.dtype)
+    }
+}

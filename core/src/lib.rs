@@ -1,0 +1,34 @@
+//! kiln-core: the engine behind kiln.
+//!
+//! See DESIGN.md for the architecture: a lazy arena graph (`graph`), gradient
+//! rules written as forward ops (`autograd`), an executor that frees buffers
+//! at their last use (`exec`), the `Backend` contract and the CPU backend
+//! (`backend`), and the training stack (`nn`, `optim`, `data`).
+
+pub mod autograd;
+pub mod backend;
+pub mod data;
+pub mod device;
+pub mod dtype;
+pub mod error;
+mod exec;
+pub mod gradcheck;
+pub mod graph;
+pub mod nn;
+pub mod op;
+mod ops;
+pub mod optim;
+pub mod param;
+pub mod rng;
+pub mod shape;
+
+pub use autograd::BackwardOptions;
+pub use backend::{Backend, BufferId, KernelCall, ParamUpdate, TensorRef};
+pub use device::{Device, PoolStats};
+pub use dtype::{DType, Element, HostData};
+pub use error::{Error, ErrorKind, Result};
+pub use graph::{Graph, NoGradGuard, NodeId, Tensor};
+pub use op::{BinaryOp, CompareOp, Op, ReduceOp, UnaryOp};
+pub use ops::{IntoOperand, SliceSpec};
+pub use param::Param;
+pub use shape::{AxisSet, Dims};

@@ -1,0 +1,33 @@
+//! Layers and losses built from the primitive ops.
+
+mod layers;
+pub mod loss;
+
+pub use layers::{Activation, Linear, Sequential};
+pub use loss::{cross_entropy, cross_entropy_probs, mse_loss, nll_loss};
+
+use crate::error::Result;
+use crate::graph::Tensor;
+use crate::param::Param;
+
+/// A trainable piece of a model.
+pub trait Module {
+    /// Apply the module to `x`, recording nodes in `x`'s graph.
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>>;
+
+    /// Every parameter, in a stable order (optimizers and checkpoints rely
+    /// on it).
+    fn parameters(&self) -> Vec<Param>;
+
+    /// Drop every parameter's accumulated gradient.
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
+
+    /// Total number of scalar parameters.
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(|p| p.numel()).sum()
+    }
+}

@@ -1,0 +1,130 @@
+//! Operations composed from the primitives. Their gradients come from the
+//! primitives' rules; nothing here needs a rule of its own.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+
+use super::reduce::axis_set;
+
+impl<'g> Tensor<'g> {
+    /// Number of elements covered by `axes` (for means).
+    fn count_over(&self, op: &'static str, axes: &[isize]) -> Result<usize> {
+        let dims = self.dims();
+        let set = axis_set(op, axes, dims.len())?;
+        Ok(set.iter(dims.len()).map(|a| dims[a]).product())
+    }
+
+    fn require_float(&self, op: &'static str) -> Result<()> {
+        if self.dtype().is_float() {
+            Ok(())
+        } else {
+            Err(Error::dtype(op, format!("needs a float tensor, got {}", self.dtype())))
+        }
+    }
+
+    #[track_caller]
+    pub fn mean(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
+        self.require_float("mean")?;
+        let count = self.count_over("mean", axes)?;
+        if count == 0 {
+            return Err(Error::shape("mean", "mean over zero elements is undefined"));
+        }
+        self.sum(axes, keepdim)?.div(count as f64)
+    }
+
+    #[track_caller]
+    pub fn mean_all(self) -> Result<Tensor<'g>> {
+        let axes: Vec<isize> = (0..self.rank() as isize).collect();
+        self.mean(&axes, false)
+    }
+
+    /// Variance over `axes` with `correction` subtracted from the count
+    /// (1 = unbiased, as PyTorch's default; 0 = population variance).
+    #[track_caller]
+    pub fn var(self, axes: &[isize], keepdim: bool, correction: usize) -> Result<Tensor<'g>> {
+        self.require_float("var")?;
+        let count = self.count_over("var", axes)?;
+        if count <= correction {
+            return Err(Error::shape(
+                "var",
+                format!("{count} elements with correction {correction} leave no degrees of freedom"),
+            ));
+        }
+        let centered = self.sub(self.mean(axes, true)?)?;
+        centered.square()?.sum(axes, keepdim)?.div((count - correction) as f64)
+    }
+
+    #[track_caller]
+    pub fn square(self) -> Result<Tensor<'g>> {
+        self.mul(self)
+    }
+
+    /// Limit values to [min, max].
+    #[track_caller]
+    pub fn clamp(self, min: f64, max: f64) -> Result<Tensor<'g>> {
+        if min > max {
+            return Err(Error::invalid("clamp", format!("min {min} is greater than max {max}")));
+        }
+        self.maximum(min)?.minimum(max)
+    }
+
+    /// Softmax along `axis` (shifted by the detached maximum for stability;
+    /// the shift does not change the value or the gradient).
+    #[track_caller]
+    pub fn softmax(self, axis: isize) -> Result<Tensor<'g>> {
+        self.require_float("softmax")?;
+        let shifted = self.sub(self.max(&[axis], true)?.detach()?)?;
+        let e = shifted.exp()?;
+        e.div(e.sum(&[axis], true)?)
+    }
+
+    #[track_caller]
+    pub fn log_softmax(self, axis: isize) -> Result<Tensor<'g>> {
+        self.require_float("log_softmax")?;
+        let shifted = self.sub(self.max(&[axis], true)?.detach()?)?;
+        shifted.sub(shifted.exp()?.sum(&[axis], true)?.log()?)
+    }
+
+    /// log(sum(exp(x))) over `axes`, computed stably.
+    #[track_caller]
+    pub fn logsumexp(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
+        self.require_float("logsumexp")?;
+        let m = self.max(axes, true)?.detach()?;
+        let lse = self.sub(m)?.exp()?.sum(axes, true)?.log()?.add(m)?;
+        if keepdim {
+            Ok(lse)
+        } else {
+            let dims = crate::shape::reduced_dims(&self.dims(), axis_set("logsumexp", axes, self.rank())?, false);
+            lse.reshape_to(&dims)
+        }
+    }
+
+    /// GELU, exact form: x · Φ(x) = x/2 · (1 + erf(x/√2)).
+    #[track_caller]
+    pub fn gelu(self) -> Result<Tensor<'g>> {
+        self.require_float("gelu")?;
+        self.mul(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add(1.0)?.mul(self)?.mul(0.5)
+    }
+
+    /// SiLU (swish): x · sigmoid(x).
+    #[track_caller]
+    pub fn silu(self) -> Result<Tensor<'g>> {
+        self.require_float("silu")?;
+        self.mul(self.sigmoid()?)
+    }
+
+    /// One-hot rows: an i32 label vector [n] becomes [n, classes] of `dtype`.
+    #[track_caller]
+    pub fn one_hot(self, classes: usize, dtype: DType) -> Result<Tensor<'g>> {
+        if self.dtype() != DType::I32 || self.rank() != 1 {
+            return Err(Error::dtype(
+                "one_hot",
+                format!("labels must be a 1-D i32 tensor, got {:?} {}", self.dims().as_slice(), self.dtype()),
+            ));
+        }
+        let n = self.numel();
+        let classes_row = self.graph.arange(0.0, 1.0, classes, DType::I32)?.reshape_to(&[1, classes])?;
+        self.reshape_to(&[n, 1])?.eq(classes_row)?.cast(dtype)
+    }
+}

@@ -1,0 +1,68 @@
+//! Building nodes: every public operation validates its operands, infers the
+//! result's shape and dtype, and records one node. Nothing runs here.
+//!
+//! - `elementwise`: unary, binary (broadcasting), comparisons, where, cast
+//! - `reduce`: sum/max/min/prod/argmax/argmin over axis sets
+//! - `linalg`: batched matmul
+//! - `movement`: reshape, permute, expand, slice, concat, index ops
+//! - `composed`: mean, var, softmax, gelu... built from the primitives
+
+mod composed;
+mod elementwise;
+mod linalg;
+mod movement;
+mod reduce;
+
+pub use elementwise::IntoOperand;
+pub use movement::SliceSpec;
+
+use std::panic::Location;
+
+use crate::autograd::rules;
+use crate::dtype::DType;
+use crate::graph::{flags, Graph, NodeId, Tensor};
+use crate::op::Op;
+
+impl Graph {
+    /// Record a validated node, deciding whether it requires grad and which
+    /// of its inputs the backward pass will need to keep.
+    pub(crate) fn record(
+        &self,
+        op: Op,
+        inputs: &[NodeId],
+        dims: &[usize],
+        dtype: DType,
+        attrs: &[usize],
+        location: &'static Location<'static>,
+    ) -> Tensor<'_> {
+        let mut requires = false;
+        if self.is_grad_enabled() && dtype.is_float() {
+            let state = self.state.borrow();
+            requires = inputs.iter().enumerate().any(|(i, &input)| {
+                state.nodes[input as usize].flags & flags::REQUIRES_GRAD != 0 && rules::differentiable_input(&op, i)
+            });
+        }
+        let id = self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, attrs, location);
+        if requires {
+            let saved = rules::saved_values(&op);
+            for (i, &input) in inputs.iter().enumerate() {
+                if saved.inputs & (1 << i) != 0 {
+                    self.set_flag(input, flags::SAVED);
+                }
+            }
+            if saved.output {
+                self.set_flag(id, flags::SAVED);
+            }
+        }
+        self.tensor(id)
+    }
+}
+
+/// Check that all operands belong to one graph.
+pub(crate) fn same_graph(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> crate::error::Result<()> {
+    if std::ptr::eq(a.graph, b.graph) {
+        Ok(())
+    } else {
+        Err(crate::error::Error::invalid(op, "operands belong to different graphs"))
+    }
+}

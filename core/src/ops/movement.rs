@@ -1,0 +1,286 @@
+//! Movement and indexing: reshape, permute, expand, slice, concat,
+//! index_select, scatter_add.
+
+use std::panic::Location;
+
+use super::reduce::normalize_axis;
+use super::same_graph;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::{check_rank, Tensor};
+use crate::op::{AttrRange, Op};
+use crate::shape::{broadcast_shapes, fmt_dims, Dims};
+
+/// The range taken along one axis: `start..end` every `step` elements.
+/// `start` and `end` are clamped to the axis length, as in Python slicing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SliceSpec {
+    pub start: usize,
+    pub end: usize,
+    pub step: usize,
+}
+
+impl SliceSpec {
+    pub fn new(start: usize, end: usize, step: usize) -> SliceSpec {
+        SliceSpec { start, end, step }
+    }
+    /// The whole axis.
+    pub fn all() -> SliceSpec {
+        SliceSpec { start: 0, end: usize::MAX, step: 1 }
+    }
+    fn len(&self) -> usize {
+        if self.end > self.start {
+            (self.end - self.start).div_ceil(self.step)
+        } else {
+            0
+        }
+    }
+}
+
+const NO_ATTRS: AttrRange = AttrRange { start: 0, len: 0 };
+
+/// Per-axis (start, end, step) triples for `dims`, clamped and validated.
+fn slice_attrs(op: &'static str, dims: &[usize], specs: &[SliceSpec]) -> Result<(Vec<usize>, Dims)> {
+    if specs.len() > dims.len() {
+        return Err(Error::shape(
+            op,
+            format!("{} slice ranges given for a tensor of shape {}", specs.len(), fmt_dims(dims)),
+        ));
+    }
+    let mut attrs = Vec::with_capacity(3 * dims.len());
+    let mut out = Dims::new();
+    for (axis, &dim) in dims.iter().enumerate() {
+        let spec = specs.get(axis).copied().unwrap_or_else(SliceSpec::all);
+        if spec.step == 0 {
+            return Err(Error::invalid(op, format!("step of axis {axis} is 0; steps must be >= 1")));
+        }
+        let clamped = SliceSpec { start: spec.start.min(dim), end: spec.end.min(dim), step: spec.step };
+        attrs.extend_from_slice(&[clamped.start, clamped.end, clamped.step]);
+        out.push(clamped.len());
+    }
+    Ok((attrs, out))
+}
+
+impl<'g> Tensor<'g> {
+    /// Same elements in a new shape; one dimension may be -1 (inferred).
+    #[track_caller]
+    pub fn reshape(self, dims: &[isize]) -> Result<Tensor<'g>> {
+        let from = self.dims();
+        let numel: usize = from.iter().product();
+        let mut out = Dims::new();
+        let mut inferred = None;
+        for (i, &d) in dims.iter().enumerate() {
+            if d == -1 {
+                if inferred.replace(i).is_some() {
+                    return Err(Error::shape("Reshape", "only one dimension can be -1"));
+                }
+                out.push(1);
+            } else if d < 0 {
+                return Err(Error::shape("Reshape", format!("invalid dimension {d} in {dims:?}")));
+            } else {
+                out.push(d as usize);
+            }
+        }
+        let known: usize = out.iter().product();
+        if let Some(i) = inferred {
+            if known == 0 || numel % known != 0 {
+                return Err(Error::shape(
+                    "Reshape",
+                    format!("cannot reshape {} ({numel} elements) into {dims:?}", fmt_dims(&from)),
+                ));
+            }
+            out[i] = numel / known;
+        } else if known != numel {
+            return Err(Error::shape(
+                "Reshape",
+                format!("cannot reshape {} ({numel} elements) into {dims:?} ({known} elements)", fmt_dims(&from)),
+            ));
+        }
+        check_rank("Reshape", &out)?;
+        Ok(self.graph.record(Op::Reshape, &[self.id], &out, self.dtype(), &[], Location::caller()))
+    }
+
+    /// Reshape to explicit dims (no inference).
+    #[track_caller]
+    pub fn reshape_to(self, dims: &[usize]) -> Result<Tensor<'g>> {
+        let signed: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
+        self.reshape(&signed)
+    }
+
+    /// Reorder axes: output axis i is input axis `perm[i]`.
+    #[track_caller]
+    pub fn permute(self, perm: &[usize]) -> Result<Tensor<'g>> {
+        let dims = self.dims();
+        let mut seen = vec![false; dims.len()];
+        let valid = perm.len() == dims.len()
+            && perm.iter().all(|&p| p < dims.len() && !std::mem::replace(&mut seen[p], true));
+        if !valid {
+            return Err(Error::invalid(
+                "Permute",
+                format!("{perm:?} is not a permutation of the {} axes of {}", dims.len(), fmt_dims(&dims)),
+            ));
+        }
+        let out: Dims = perm.iter().map(|&p| dims[p]).collect();
+        Ok(self.graph.record(Op::Permute(NO_ATTRS), &[self.id], &out, self.dtype(), perm, Location::caller()))
+    }
+
+    /// Swap two axes.
+    #[track_caller]
+    pub fn transpose(self, a: isize, b: isize) -> Result<Tensor<'g>> {
+        let rank = self.rank();
+        let (a, b) = (normalize_axis("Permute", a, rank)?, normalize_axis("Permute", b, rank)?);
+        let mut perm: Vec<usize> = (0..rank).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// Broadcast to `dims` (NumPy rules).
+    #[track_caller]
+    pub fn expand(self, dims: &[usize]) -> Result<Tensor<'g>> {
+        let from = self.dims();
+        match broadcast_shapes(&from, dims) {
+            Some(out) if out.as_slice() == dims => {}
+            _ => {
+                return Err(Error::shape(
+                    "Expand",
+                    format!("cannot expand {} to {}", fmt_dims(&from), fmt_dims(dims)),
+                ))
+            }
+        }
+        check_rank("Expand", dims)?;
+        Ok(self.graph.record(Op::Expand, &[self.id], dims, self.dtype(), &[], Location::caller()))
+    }
+
+    /// Take `specs[i]` along axis i (missing trailing axes are taken whole).
+    #[track_caller]
+    pub fn slice(self, specs: &[SliceSpec]) -> Result<Tensor<'g>> {
+        let (attrs, out) = slice_attrs("Slice", &self.dims(), specs)?;
+        Ok(self.graph.record(Op::Slice(NO_ATTRS), &[self.id], &out, self.dtype(), &attrs, Location::caller()))
+    }
+
+    /// Slice one axis.
+    #[track_caller]
+    pub fn slice_axis(self, axis: isize, start: usize, end: usize, step: usize) -> Result<Tensor<'g>> {
+        let rank = self.rank();
+        let axis = normalize_axis("Slice", axis, rank)?;
+        let mut specs = vec![SliceSpec::all(); rank];
+        specs[axis] = SliceSpec::new(start, end, step);
+        self.slice(&specs)
+    }
+
+    /// The adjoint of `slice`: a zero tensor of shape `dims` with `self`
+    /// written at the positions `specs` select from it.
+    #[track_caller]
+    pub fn slice_backward(self, dims: &[usize], specs: &[SliceSpec]) -> Result<Tensor<'g>> {
+        let (attrs, sliced) = slice_attrs("SliceBackward", dims, specs)?;
+        if sliced != self.dims() {
+            return Err(Error::shape(
+                "SliceBackward",
+                format!(
+                    "gradient has shape {} but slicing {} gives {}",
+                    fmt_dims(&self.dims()),
+                    fmt_dims(dims),
+                    fmt_dims(&sliced)
+                ),
+            ));
+        }
+        Ok(self.graph.record(Op::SliceBackward(NO_ATTRS), &[self.id], dims, self.dtype(), &attrs, Location::caller()))
+    }
+
+    /// Join tensors along `axis`; all other dimensions must agree.
+    #[track_caller]
+    pub fn concat(tensors: &[Tensor<'g>], axis: isize) -> Result<Tensor<'g>> {
+        let Some(first) = tensors.first() else {
+            return Err(Error::invalid("Concat", "needs at least one tensor"));
+        };
+        let dims = first.dims();
+        let axis = normalize_axis("Concat", axis, dims.len())?;
+        let mut out = dims.clone();
+        out[axis] = 0;
+        for t in tensors {
+            same_graph("Concat", first, t)?;
+            let d = t.dims();
+            let fits = d.len() == dims.len() && (0..d.len()).all(|i| i == axis || d[i] == dims[i]);
+            if !fits || t.dtype() != first.dtype() {
+                return Err(Error::shape(
+                    "Concat",
+                    format!(
+                        "{} {} does not fit {} {} along axis {axis}",
+                        fmt_dims(&d),
+                        t.dtype(),
+                        fmt_dims(&dims),
+                        first.dtype()
+                    ),
+                ));
+            }
+            out[axis] += d[axis];
+        }
+        let ids: Vec<_> = tensors.iter().map(|t| t.id).collect();
+        Ok(first.graph.record(Op::Concat { axis: axis as u8 }, &ids, &out, first.dtype(), &[], Location::caller()))
+    }
+
+    /// Gather slices along `axis` at the positions in `index` (1-D i32).
+    /// Out-of-range positions are reported when the node runs.
+    #[track_caller]
+    pub fn index_select(self, axis: isize, index: Tensor<'g>) -> Result<Tensor<'g>> {
+        same_graph("IndexSelect", &self, &index)?;
+        let dims = self.dims();
+        let axis = normalize_axis("IndexSelect", axis, dims.len())?;
+        check_index("IndexSelect", &index)?;
+        let mut out = dims.clone();
+        out[axis] = index.numel();
+        Ok(self.graph.record(
+            Op::IndexSelect { axis: axis as u8 },
+            &[self.id, index.id],
+            &out,
+            self.dtype(),
+            &[],
+            Location::caller(),
+        ))
+    }
+
+    /// `self` with `source`'s slices added at the positions in `index` along
+    /// `axis` (repeated positions accumulate).
+    #[track_caller]
+    pub fn scatter_add(self, axis: isize, index: Tensor<'g>, source: Tensor<'g>) -> Result<Tensor<'g>> {
+        same_graph("ScatterAdd", &self, &index)?;
+        same_graph("ScatterAdd", &self, &source)?;
+        let dims = self.dims();
+        let axis = normalize_axis("ScatterAdd", axis, dims.len())?;
+        check_index("ScatterAdd", &index)?;
+        let mut expected = dims.clone();
+        expected[axis] = index.numel();
+        if source.dims() != expected || source.dtype() != self.dtype() {
+            return Err(Error::shape(
+                "ScatterAdd",
+                format!(
+                    "source is {} {}, expected {} {} (destination {} with axis {axis} of length {})",
+                    fmt_dims(&source.dims()),
+                    source.dtype(),
+                    fmt_dims(&expected),
+                    self.dtype(),
+                    fmt_dims(&dims),
+                    index.numel()
+                ),
+            ));
+        }
+        Ok(self.graph.record(
+            Op::ScatterAdd { axis: axis as u8 },
+            &[self.id, index.id, source.id],
+            &dims,
+            self.dtype(),
+            &[],
+            Location::caller(),
+        ))
+    }
+}
+
+fn check_index(op: &'static str, index: &Tensor<'_>) -> Result<()> {
+    if index.dtype() != DType::I32 || index.rank() != 1 {
+        return Err(Error::dtype(
+            op,
+            format!("index must be a 1-D i32 tensor, got {} {}", fmt_dims(&index.dims()), index.dtype()),
+        ));
+    }
+    Ok(())
+}

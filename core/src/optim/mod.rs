@@ -1,0 +1,186 @@
+//! Optimizers. They run outside any graph (so no gradient structure is ever
+//! recorded for an update) as fused in-place kernels on the parameters'
+//! persistent buffers: one pass over memory per parameter per step.
+
+use crate::backend::{BufferId, ParamUpdate};
+use crate::dtype::{DType, HostData};
+use crate::error::{Error, Result};
+use crate::param::Param;
+
+/// What every optimizer offers.
+pub trait Optimizer {
+    /// Update every parameter that has a gradient, then bump its version.
+    fn step(&mut self) -> Result<()>;
+    /// Drop the gradients of every parameter this optimizer updates.
+    fn zero_grad(&self);
+    fn learning_rate(&self) -> f64;
+    fn set_learning_rate(&mut self, lr: f64);
+}
+
+/// Per-parameter state buffers, zero-initialised, freed with the optimizer.
+struct StateBuffers {
+    param: Param,
+    buffers: Vec<BufferId>,
+}
+
+impl StateBuffers {
+    fn new(param: &Param, count: usize) -> Result<StateBuffers> {
+        let zeros = match param.dtype() {
+            DType::F32 => HostData::F32(vec![0.0; param.numel()]),
+            DType::F64 => HostData::F64(vec![0.0; param.numel()]),
+            other => return Err(Error::dtype("optimizer", format!("cannot optimise a {other} parameter"))),
+        };
+        let mut buffers = Vec::with_capacity(count);
+        for _ in 0..count {
+            buffers.push(param.device().upload(&zeros)?);
+        }
+        Ok(StateBuffers { param: param.clone(), buffers })
+    }
+
+    fn apply(&self, update: &ParamUpdate) -> Result<()> {
+        let p = &self.param;
+        let Some(grad) = p.grad_buffer() else { return Ok(()) };
+        p.device().backend().update_param(update, p.buffer(), grad, &self.buffers, p.dtype(), p.numel())?;
+        p.bump_version();
+        Ok(())
+    }
+}
+
+impl Drop for StateBuffers {
+    fn drop(&mut self) {
+        for &b in &self.buffers {
+            self.param.device().give_back(b, self.param.dtype(), self.param.numel());
+        }
+    }
+}
+
+fn check_hyper(op: &'static str, name: &str, value: f64, ok: bool) -> Result<()> {
+    if ok && value.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::invalid(op, format!("{name} = {value} is out of range")))
+    }
+}
+
+/// Stochastic gradient descent with optional momentum, Nesterov momentum
+/// and L2 weight decay (PyTorch's formulas; the velocity starts at zero).
+pub struct Sgd {
+    state: Vec<StateBuffers>,
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+}
+
+impl Sgd {
+    pub fn new(params: Vec<Param>, lr: f64) -> Result<Sgd> {
+        Sgd::with_options(params, lr, 0.0, 0.0, false)
+    }
+
+    pub fn with_options(params: Vec<Param>, lr: f64, momentum: f64, weight_decay: f64, nesterov: bool) -> Result<Sgd> {
+        check_hyper("Sgd", "lr", lr, lr >= 0.0)?;
+        check_hyper("Sgd", "momentum", momentum, momentum >= 0.0)?;
+        check_hyper("Sgd", "weight_decay", weight_decay, weight_decay >= 0.0)?;
+        if nesterov && momentum == 0.0 {
+            return Err(Error::invalid("Sgd", "Nesterov momentum needs momentum > 0"));
+        }
+        let slots = if momentum != 0.0 { 1 } else { 0 };
+        let state = params.iter().map(|p| StateBuffers::new(p, slots)).collect::<Result<_>>()?;
+        Ok(Sgd { state, lr, momentum, dampening: 0.0, weight_decay, nesterov })
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        let update = ParamUpdate::Sgd {
+            lr: self.lr,
+            momentum: self.momentum,
+            dampening: self.dampening,
+            weight_decay: self.weight_decay,
+            nesterov: self.nesterov,
+        };
+        self.state.iter().try_for_each(|s| s.apply(&update))
+    }
+    fn zero_grad(&self) {
+        self.state.iter().for_each(|s| s.param.zero_grad());
+    }
+    fn learning_rate(&self) -> f64 {
+        self.lr
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+/// Adam (and AdamW with `decoupled_weight_decay`), PyTorch's formulas with
+/// bias correction.
+pub struct Adam {
+    state: Vec<StateBuffers>,
+    step: u64,
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub decoupled_weight_decay: bool,
+}
+
+impl Adam {
+    /// Adam with betas (0.9, 0.999), eps 1e-8, no weight decay.
+    pub fn new(params: Vec<Param>, lr: f64) -> Result<Adam> {
+        Adam::with_options(params, lr, (0.9, 0.999), 1e-8, 0.0, false)
+    }
+
+    /// AdamW: weight decay applied to the weights directly, not to the gradient.
+    pub fn adamw(params: Vec<Param>, lr: f64, weight_decay: f64) -> Result<Adam> {
+        Adam::with_options(params, lr, (0.9, 0.999), 1e-8, weight_decay, true)
+    }
+
+    pub fn with_options(
+        params: Vec<Param>,
+        lr: f64,
+        betas: (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        decoupled_weight_decay: bool,
+    ) -> Result<Adam> {
+        check_hyper("Adam", "lr", lr, lr >= 0.0)?;
+        check_hyper("Adam", "beta1", betas.0, (0.0..1.0).contains(&betas.0))?;
+        check_hyper("Adam", "beta2", betas.1, (0.0..1.0).contains(&betas.1))?;
+        check_hyper("Adam", "eps", eps, eps >= 0.0)?;
+        check_hyper("Adam", "weight_decay", weight_decay, weight_decay >= 0.0)?;
+        let state = params.iter().map(|p| StateBuffers::new(p, 2)).collect::<Result<_>>()?;
+        Ok(Adam { state, step: 0, lr, beta1: betas.0, beta2: betas.1, eps, weight_decay, decoupled_weight_decay })
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self) -> Result<()> {
+        self.step += 1;
+        let update = ParamUpdate::Adam {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            decoupled_weight_decay: self.decoupled_weight_decay,
+            step: self.step,
+        };
+        self.state.iter().try_for_each(|s| s.apply(&update))
+    }
+    fn zero_grad(&self) {
+        self.state.iter().for_each(|s| s.param.zero_grad());
+    }
+    fn learning_rate(&self) -> f64 {
+        self.lr
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
