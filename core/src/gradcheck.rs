@@ -174,7 +174,7 @@ pub async fn gradcheck(
 /// runs every rule's own gradient rule.
 pub async fn gradgradcheck(
     device: &Device,
-    f: impl CheckedFn,
+    f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
     inputs: &[CheckInput],
     options: GradcheckOptions,
 ) -> Result<GradcheckReport> {

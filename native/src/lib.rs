@@ -1,1 +1,102 @@
+//! kiln: train neural networks in Rust on every machine.
+//!
+//! This crate is what applications depend on. It re-exports the engine
+//! (`kiln-core`) and adds what only native programs can do: block on the
+//! engine's asynchronous reads (`Blocking`), and pick a device.
+//!
+//! ```
+//! use kiln::prelude::*;
+//!
+//! # fn main() -> kiln::Result<()> {
+//! let device = Device::cpu();
+//! let model = Sequential::mlp(&device, &[2, 8, 1], Activation::Tanh, 0)?;
+//! let mut optimizer = Adam::new(model.parameters(), 0.05)?;
+//! let inputs = [0.0f32, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0];
+//! let targets = [0.0f32, 1.0, 1.0, 0.0];
+//! let mut graph = Graph::new(&device);
+//! for _ in 0..300 {
+//!     graph.reset();
+//!     let x = graph.tensor_from(&inputs, &[4, 2])?;
+//!     let y = graph.tensor_from(&targets, &[4, 1])?;
+//!     let loss = mse_loss(model.forward(x)?, y)?;
+//!     optimizer.zero_grad();
+//!     loss.backward()?;
+//!     optimizer.step()?;
+//! }
+//! graph.reset();
+//! let x = graph.tensor_from(&inputs, &[4, 2])?;
+//! let y = graph.tensor_from(&targets, &[4, 1])?;
+//! assert!(mse_loss(model.forward(x)?, y)?.item_blocking()? < 0.05);
+//! # Ok(())
+//! # }
+//! ```
+
 pub use kiln_core::*;
+
+pub mod bench;
+pub mod train;
+
+/// Everything a training program usually needs.
+pub mod prelude {
+    pub use crate::Blocking;
+    pub use kiln_core::nn::{cross_entropy, cross_entropy_probs, mse_loss, nll_loss, Activation, Linear, Module, Sequential};
+    pub use kiln_core::optim::{Adam, Optimizer, Sgd};
+    pub use kiln_core::{DType, Device, Error, Graph, HostData, Param, Result, SliceSpec, Tensor};
+}
+
+/// Blocking reads for native programs. The engine's reads are futures (a
+/// browser must never block); natively we simply wait for them.
+pub trait Blocking {
+    /// All values, as `T` (which must match the dtype).
+    fn to_vec_blocking<T: Element>(&self) -> Result<Vec<T>>;
+    /// The value of a one-element tensor.
+    fn item_blocking(&self) -> Result<f64>;
+}
+
+impl Blocking for Tensor<'_> {
+    fn to_vec_blocking<T: Element>(&self) -> Result<Vec<T>> {
+        pollster::block_on(self.to_vec::<T>())
+    }
+    fn item_blocking(&self) -> Result<f64> {
+        pollster::block_on(self.item())
+    }
+}
+
+/// Blocking reads of parameters.
+pub trait BlockingParam {
+    fn value_blocking(&self) -> Result<HostData>;
+    fn grad_blocking(&self) -> Result<Option<HostData>>;
+}
+
+impl BlockingParam for Param {
+    fn value_blocking(&self) -> Result<HostData> {
+        pollster::block_on(self.value())
+    }
+    fn grad_blocking(&self) -> Result<Option<HostData>> {
+        pollster::block_on(self.grad())
+    }
+}
+
+/// Blocking gradient checks (see `kiln_core::gradcheck`).
+pub mod gradcheck {
+    pub use kiln_core::gradcheck::{CheckInput, GradcheckOptions, GradcheckReport, Mismatch};
+    use kiln_core::{Device, Graph, Result, Tensor};
+
+    pub fn gradcheck(
+        device: &Device,
+        f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+        inputs: &[CheckInput],
+        options: GradcheckOptions,
+    ) -> Result<GradcheckReport> {
+        pollster::block_on(kiln_core::gradcheck::gradcheck(device, f, inputs, options))
+    }
+
+    pub fn gradgradcheck(
+        device: &Device,
+        f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+        inputs: &[CheckInput],
+        options: GradcheckOptions,
+    ) -> Result<GradcheckReport> {
+        pollster::block_on(kiln_core::gradcheck::gradgradcheck(device, f, inputs, options))
+    }
+}

@@ -1,0 +1,198 @@
+//! The `kiln` command-line tool: train, bench, devices.
+
+mod plot;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln::bench;
+use kiln::data::{self, DatasetSplit};
+use kiln::nn::{Activation, Module, Sequential};
+use kiln::optim::Adam;
+use kiln::train::{train_classifier, TrainConfig};
+use kiln::{Device, Error, Result};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Train neural networks on every machine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a classifier (default: an MLP on the embedded 8x8 digits).
+    Train(TrainArgs),
+    /// Run the benchmark workloads of BENCHMARKS.md, printing JSON lines.
+    Bench(BenchArgs),
+    /// List the compute devices kiln can use.
+    Devices,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DatasetName {
+    /// 1,797 8x8 handwritten digits, embedded in the binary (UCI, CC BY 4.0).
+    Digits,
+    /// MNIST IDX files from --data.
+    Mnist,
+    /// Fashion-MNIST IDX files from --data.
+    FashionMnist,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DeviceName {
+    Cpu,
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    #[arg(long, value_enum, default_value = "digits")]
+    dataset: DatasetName,
+    /// Directory holding the IDX files (for mnist and fashion-mnist).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceName,
+    /// Epochs (default: 30 for digits, 10 otherwise).
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Mini-batch size (default: 32 for digits, 128 otherwise).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Adam learning rate (default: 3e-3 for digits, 1e-3 otherwise).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Hidden layer widths, comma separated (default: 128 for digits, 512,256 otherwise).
+    #[arg(long, value_delimiter = ',')]
+    hidden: Option<Vec<usize>>,
+    /// Seed for initialisation, shuffling and the digits split.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where to write the loss/accuracy plot.
+    #[arg(long, default_value = "kiln-train.png")]
+    plot: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceName,
+    /// Workloads to run (W1, W3, W4).
+    #[arg(long, value_delimiter = ',', default_value = "W1,W3,W4")]
+    workloads: Vec<String>,
+}
+
+fn device(name: DeviceName) -> Device {
+    match name {
+        DeviceName::Cpu => Device::cpu(),
+    }
+}
+
+fn load(args: &TrainArgs) -> Result<DatasetSplit> {
+    match args.dataset {
+        DatasetName::Digits => data::load_embedded_digits(0.2, args.seed),
+        DatasetName::Mnist | DatasetName::FashionMnist => {
+            let dir = args.data.as_ref().ok_or_else(|| {
+                Error::invalid("train", "--dataset mnist/fashion-mnist needs --data DIR with the IDX files")
+            })?;
+            data::load_mnist_dir(dir)
+        }
+    }
+}
+
+fn train(args: TrainArgs) -> Result<()> {
+    let digits = args.dataset == DatasetName::Digits;
+    let split = load(&args)?;
+    let device = device(args.device);
+    let hidden = args.hidden.clone().unwrap_or(if digits { vec![128] } else { vec![512, 256] });
+    let mut widths = vec![split.train.features];
+    widths.extend(&hidden);
+    widths.push(split.train.classes);
+    let model = Sequential::mlp(&device, &widths, Activation::Relu, args.seed)?;
+    let lr = args.lr.unwrap_or(if digits { 3e-3 } else { 1e-3 });
+    let mut optimizer = Adam::new(model.parameters(), lr)?;
+    let config = TrainConfig {
+        epochs: args.epochs.unwrap_or(if digits { 30 } else { 10 }),
+        batch_size: args.batch_size.unwrap_or(if digits { 32 } else { 128 }),
+        seed: args.seed,
+        lr_decay: if digits { 1.0 } else { 0.8 },
+    };
+    println!(
+        "kiln train: MLP {widths:?} ({} parameters) on {} ({} train / {} test), device {}",
+        model.num_parameters(),
+        match args.dataset {
+            DatasetName::Digits => "embedded digits",
+            DatasetName::Mnist => "MNIST",
+            DatasetName::FashionMnist => "Fashion-MNIST",
+        },
+        split.train.len,
+        split.test.len,
+        device.name()
+    );
+    let steps = config.epochs * split.train.len.div_ceil(config.batch_size);
+    let bar = ProgressBar::new(steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .expect("static template"),
+    );
+    let mut on_step = |epoch: usize, _step: usize, _per_epoch: usize, loss: f64, rate: f64| {
+        bar.inc(1);
+        bar.set_message(format!("epoch {} loss {loss:.4} {rate:.0} samples/s", epoch + 1));
+    };
+    let report = train_classifier(&device, &model, &mut optimizer, &split.train, &split.test, &config, &mut on_step)?;
+    bar.finish();
+    for (epoch, acc) in &report.test_accuracy {
+        println!("epoch {epoch:>3}: test accuracy {:.2}%", acc * 100.0);
+    }
+    println!(
+        "test accuracy {:.2}% after {} epochs, {:.1} s ({:.0} samples/s)",
+        report.final_accuracy() * 100.0,
+        config.epochs,
+        report.seconds,
+        report.samples_per_second
+    );
+    plot::write_training_curves(&args.plot, "kiln train", &report.losses, &report.test_accuracy)
+        .map_err(|e| Error::io("train", e))?;
+    println!("wrote {}", args.plot.display());
+    Ok(())
+}
+
+fn run_bench(args: BenchArgs) -> Result<()> {
+    let device = device(args.device);
+    let backend = match args.device {
+        DeviceName::Cpu => "cpu",
+    };
+    for w in &args.workloads {
+        let result = match w.to_ascii_uppercase().as_str() {
+            "W1" => bench::w1_mlp_step(&device, backend, 100)?,
+            "W3" => bench::w3_graph_overhead(&device, backend, 20)?,
+            "W4" => bench::w4_gemm(&device, backend, 10)?,
+            "W2" => return Err(Error::unsupported("bench", "W2 needs Conv2d, which kiln does not have yet")),
+            other => return Err(Error::invalid("bench", format!("unknown workload {other}; use W1, W3 or W4"))),
+        };
+        println!("{}", result.json());
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(args) => train(args),
+        Command::Bench(args) => run_bench(args),
+        Command::Devices => {
+            let cpu = Device::cpu();
+            println!("cpu: {}", cpu.name());
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
