@@ -449,6 +449,7 @@ fn release_owned_from(device: &Device, state: &mut GraphState, from: NodeId) {
     state.owned = kept;
 }
 
+#[track_caller]
 pub(crate) fn check_rank(op: &'static str, dims: &[usize]) -> Result<()> {
     if dims.len() > MAX_RANK {
         return Err(Error::shape(op, format!("rank {} exceeds kiln's maximum of {MAX_RANK}", dims.len())));

@@ -138,7 +138,8 @@ impl<'g> Tensor<'g> {
         check_seed("backward", &self, options.seed)?;
 
         let mark = graph.mark();
-        let plan = self.plan_backward(options);
+        let first_new = graph.len() as NodeId;
+        let plan = self.plan_backward(options, first_new);
         let plan = match plan {
             Ok(plan) => plan,
             Err(e) => {
@@ -151,7 +152,7 @@ impl<'g> Tensor<'g> {
     }
 
     /// Build and run the gradient nodes; changes nothing outside the graph.
-    fn plan_backward(self, options: BackwardOptions<'g>) -> Result<BackwardPlan> {
+    fn plan_backward(self, options: BackwardOptions<'g>, first_new: NodeId) -> Result<BackwardPlan> {
         let graph = self.graph;
         let _no_grad = graph.set_grad_enabled(false);
         let seed = match options.seed {
@@ -159,7 +160,7 @@ impl<'g> Tensor<'g> {
             None => graph.full(&self.dims(), 1.0, self.dtype())?,
         };
         let grads = build_gradients(graph, self.id, seed.id)?;
-        let mut plan = BackwardPlan::default();
+        let mut plan = BackwardPlan { first_new, ..BackwardPlan::default() };
         {
             let state = graph.state.borrow();
             for (index, (_, leaf, _)) in state.params.iter().enumerate() {
@@ -198,24 +199,30 @@ struct BackwardPlan {
     params: Vec<(usize, NodeId)>,
     /// (kept node, its total gradient node)
     kept: Vec<(NodeId, NodeId)>,
+    /// The first node this backward pass made: only those may have their
+    /// buffer handed to a parameter (earlier ones are the user's tensors,
+    /// e.g. a cotangent they passed in).
+    first_new: NodeId,
 }
 
 impl Graph {
     fn commit_backward(&self, plan: BackwardPlan, keep_graph: bool) -> Result<()> {
-        let mut taken: Vec<NodeId> = Vec::new();
         let kept_ids: Vec<NodeId> = plan.kept.iter().map(|k| k.1).collect();
-        for (index, g) in plan.params {
+        let param_grads: Vec<NodeId> = plan.params.iter().map(|p| p.1).collect();
+        for &(index, g) in &plan.params {
             let (param, buffer, take) = {
                 let mut state = self.state.borrow_mut();
                 let param = state.params[index].0.clone();
                 let node = state.nodes[g as usize];
                 // Hand the gradient buffer to the parameter when nothing else
-                // uses it; otherwise the parameter gets a copy.
-                let take = !node.op.is_leaf() && !taken.contains(&g) && !kept_ids.contains(&g);
+                // uses it; otherwise the parameter gets a copy. One gradient
+                // node can serve several parameters (for y = p + q both get
+                // the same node), and then every one of them copies.
+                let shared = param_grads.iter().filter(|&&n| n == g).count() > 1;
+                let take = g >= plan.first_new && !node.op.is_leaf() && !shared && !kept_ids.contains(&g);
                 let buffer = state.values[g as usize].expect("gradient was realized");
                 if take {
                     state.values[g as usize] = None;
-                    taken.push(g);
                 }
                 (param, buffer, take)
             };

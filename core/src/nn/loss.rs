@@ -4,6 +4,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
 
+#[track_caller]
 fn check_logits_labels(op: &'static str, logits: &Tensor<'_>, labels: &Tensor<'_>) -> Result<(usize, usize)> {
     let (ld, yd) = (logits.dims(), labels.dims());
     if ld.len() != 2 || !logits.dtype().is_float() {
@@ -32,6 +33,7 @@ fn check_logits_labels(op: &'static str, logits: &Tensor<'_>, labels: &Tensor<'_
 /// Mean softmax cross-entropy of `logits` [N, C] against integer `labels` [N]
 /// in 0..C. (A label outside 0..C selects nothing and contributes 0 loss:
 /// validate labels when loading data.)
+#[track_caller]
 pub fn cross_entropy<'g>(logits: Tensor<'g>, labels: Tensor<'g>) -> Result<Tensor<'g>> {
     let (_, classes) = check_logits_labels("cross_entropy", &logits, &labels)?;
     nll_loss(logits.log_softmax(-1)?, labels).map_err(|e| rename(e, "cross_entropy", classes))
@@ -42,6 +44,7 @@ fn rename(e: Error, _op: &'static str, _classes: usize) -> Error {
 }
 
 /// Mean cross-entropy against target probabilities [N, C] (rows sum to 1).
+#[track_caller]
 pub fn cross_entropy_probs<'g>(logits: Tensor<'g>, targets: Tensor<'g>) -> Result<Tensor<'g>> {
     if logits.dims() != targets.dims() || logits.rank() != 2 || logits.dtype() != targets.dtype() {
         return Err(Error::shape(
@@ -60,6 +63,7 @@ pub fn cross_entropy_probs<'g>(logits: Tensor<'g>, targets: Tensor<'g>) -> Resul
 }
 
 /// Mean negative log-likelihood of log-probabilities [N, C] at `labels` [N].
+#[track_caller]
 pub fn nll_loss<'g>(log_probs: Tensor<'g>, labels: Tensor<'g>) -> Result<Tensor<'g>> {
     let (n, classes) = check_logits_labels("nll_loss", &log_probs, &labels)?;
     let picked = log_probs.mul(labels.one_hot(classes, log_probs.dtype())?)?;
@@ -67,6 +71,7 @@ pub fn nll_loss<'g>(log_probs: Tensor<'g>, labels: Tensor<'g>) -> Result<Tensor<
 }
 
 /// Mean squared error.
+#[track_caller]
 pub fn mse_loss<'g>(prediction: Tensor<'g>, target: Tensor<'g>) -> Result<Tensor<'g>> {
     if prediction.dims() != target.dims() {
         return Err(Error::shape(

@@ -9,12 +9,14 @@ use super::reduce::axis_set;
 
 impl<'g> Tensor<'g> {
     /// Number of elements covered by `axes` (for means).
+    #[track_caller]
     fn count_over(&self, op: &'static str, axes: &[isize]) -> Result<usize> {
         let dims = self.dims();
         let set = axis_set(op, axes, dims.len())?;
         Ok(set.iter(dims.len()).map(|a| dims[a]).product())
     }
 
+    #[track_caller]
     fn require_float(&self, op: &'static str) -> Result<()> {
         if self.dtype().is_float() {
             Ok(())

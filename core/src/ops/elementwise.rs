@@ -41,14 +41,19 @@ macro_rules! scalar_operand {
 }
 scalar_operand!(f64, f32, i32);
 
+#[track_caller]
 fn broadcast(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<Dims> {
     same_graph(op, a, b)?;
     let (da, db) = (a.dims(), b.dims());
-    broadcast_shapes(&da, &db).ok_or_else(|| {
-        Error::shape(op, format!("shapes {} and {} do not broadcast", fmt_dims(&da), fmt_dims(&db)))
-    })
+    // No closures here: a closure is not #[track_caller], so an error made
+    // inside one would point at this file instead of the user's code.
+    match broadcast_shapes(&da, &db) {
+        Some(dims) => Ok(dims),
+        None => Err(Error::shape(op, format!("shapes {} and {} do not broadcast", fmt_dims(&da), fmt_dims(&db)))),
+    }
 }
 
+#[track_caller]
 fn same_dtype(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<DType> {
     let (ta, tb) = (a.dtype(), b.dtype());
     if ta != tb {
@@ -177,17 +182,20 @@ impl<'g> Tensor<'g> {
             return Err(Error::dtype("Where", format!("condition must be bool, got {}", self.dtype())));
         }
         // A bare number takes the dtype of the other branch.
-        let like = on_true.as_tensor().or(on_false.as_tensor()).ok_or_else(|| {
-            Error::invalid("Where", "at least one of the two branches must be a tensor (to fix the dtype)")
-        })?;
+        let Some(like) = on_true.as_tensor().or(on_false.as_tensor()) else {
+            return Err(Error::invalid(
+                "Where",
+                "at least one of the two branches must be a tensor (to fix the dtype)",
+            ));
+        };
         let a = on_true.into_operand(&like)?;
         let b = on_false.into_operand(&like)?;
         let dtype = same_dtype("Where", &a, &b)?;
         let ab = broadcast("Where", &a, &b)?;
         same_graph("Where", &self, &a)?;
         let cd = self.dims();
-        let dims = broadcast_shapes(&cd, &ab).ok_or_else(|| {
-            Error::shape(
+        let Some(dims) = broadcast_shapes(&cd, &ab) else {
+            return Err(Error::shape(
                 "Where",
                 format!(
                     "condition {} does not broadcast with operands {} and {}",
@@ -195,8 +203,8 @@ impl<'g> Tensor<'g> {
                     fmt_dims(&a.dims()),
                     fmt_dims(&b.dims())
                 ),
-            )
-        })?;
+            ));
+        };
         Ok(self.graph.record(Op::Where, &[self.id, a.id, b.id], &dims, dtype, &[], Location::caller()))
     }
 

@@ -53,12 +53,12 @@ impl<'g> Tensor<'g> {
                 ),
             ));
         }
-        let mut dims = broadcast_shapes(&a[..ra - 2], &b[..rb - 2]).ok_or_else(|| {
-            Error::shape(
+        let Some(mut dims) = broadcast_shapes(&a[..ra - 2], &b[..rb - 2]) else {
+            return Err(Error::shape(
                 "MatMul",
                 format!("batch dimensions of {} and {} do not broadcast", fmt_dims(&a), fmt_dims(&b)),
-            )
-        })?;
+            ));
+        };
         dims.push(m);
         dims.push(n);
         Ok(self.graph.record(

@@ -59,6 +59,7 @@ impl Graph {
 }
 
 /// Check that all operands belong to one graph.
+#[track_caller]
 pub(crate) fn same_graph(op: &'static str, a: &Tensor<'_>, b: &Tensor<'_>) -> crate::error::Result<()> {
     if std::ptr::eq(a.graph, b.graph) {
         Ok(())

@@ -40,6 +40,7 @@ impl SliceSpec {
 const NO_ATTRS: AttrRange = AttrRange { start: 0, len: 0 };
 
 /// Per-axis (start, end, step) triples for `dims`, clamped and validated.
+#[track_caller]
 fn slice_attrs(op: &'static str, dims: &[usize], specs: &[SliceSpec]) -> Result<(Vec<usize>, Dims)> {
     if specs.len() > dims.len() {
         return Err(Error::shape(
@@ -275,6 +276,7 @@ impl<'g> Tensor<'g> {
     }
 }
 
+#[track_caller]
 fn check_index(op: &'static str, index: &Tensor<'_>) -> Result<()> {
     if index.dtype() != DType::I32 || index.rank() != 1 {
         return Err(Error::dtype(

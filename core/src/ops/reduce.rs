@@ -10,6 +10,7 @@ use crate::shape::{fmt_dims, reduced_dims, AxisSet};
 
 /// Normalise possibly-negative axes into a set, refusing duplicates and
 /// out-of-range axes.
+#[track_caller]
 pub(crate) fn axis_set(op: &'static str, axes: &[isize], rank: usize) -> Result<AxisSet> {
     let mut set = AxisSet::default();
     for &axis in axes {
@@ -22,6 +23,7 @@ pub(crate) fn axis_set(op: &'static str, axes: &[isize], rank: usize) -> Result<
     Ok(set)
 }
 
+#[track_caller]
 pub(crate) fn normalize_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
     let a = if axis < 0 { axis + rank as isize } else { axis };
     if a < 0 || a >= rank as isize {

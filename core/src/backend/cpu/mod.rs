@@ -1,16 +1,580 @@
-// TEMPORARY placeholder while the real CPU backend is written; replaced wholesale.
-use super::*;
-use crate::error::Error;
-pub struct CpuBackend;
-impl CpuBackend { pub fn new() -> Self { CpuBackend } }
+//! The CPU backend: buffers in a slab of typed vectors, kernels in plain Rust
+//! (rayon-parallel above a size threshold when the `rayon` feature is on), GEMM
+//! from the `gemm` crate.
+//!
+//! This module owns the storage slab, the `Backend` impl and the dispatch from
+//! an `Op` to its kernel family. The kernels live in one module per family:
+//! `elementwise`, `reduce`, `matmul`, `movement`, `index`, `update`; `scalar`
+//! holds the element traits they are generic over and `layout` the strided
+//! iteration they share.
+
+mod elementwise;
+mod index;
+mod layout;
+mod matmul;
+mod movement;
+mod reduce;
+mod scalar;
+mod update;
+
+use std::cell::RefCell;
+
+use smallvec::SmallVec;
+
+use crate::backend::{Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+use crate::dtype::{DType, HostData};
+use crate::error::{Error, Result};
+use crate::op::{Op, ReduceOp};
+
+pub(crate) use scalar::Scalar;
+
+/// One buffer's contents. Bool is stored as 0/1 bytes.
+#[derive(Clone, Debug)]
+pub enum CpuStorage {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I32(Vec<i32>),
+    Bool(Vec<u8>),
+}
+
+impl CpuStorage {
+    fn zeroed(dtype: DType, len: usize) -> CpuStorage {
+        match dtype {
+            DType::F32 => CpuStorage::F32(vec![0.0; len]),
+            DType::F64 => CpuStorage::F64(vec![0.0; len]),
+            DType::I32 => CpuStorage::I32(vec![0; len]),
+            DType::Bool => CpuStorage::Bool(vec![0; len]),
+        }
+    }
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuStorage::F32(_) => DType::F32,
+            CpuStorage::F64(_) => DType::F64,
+            CpuStorage::I32(_) => DType::I32,
+            CpuStorage::Bool(_) => DType::Bool,
+        }
+    }
+    pub fn len(&self) -> usize {
+        match self {
+            CpuStorage::F32(v) => v.len(),
+            CpuStorage::F64(v) => v.len(),
+            CpuStorage::I32(v) => v.len(),
+            CpuStorage::Bool(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An input of a kernel: its storage (possibly longer than the tensor) and
+/// its dims. `slice` hands out exactly the tensor's elements.
+#[derive(Clone, Copy)]
+pub(crate) struct In<'a> {
+    pub data: &'a CpuStorage,
+    pub dims: &'a [usize],
+    pub dtype: DType,
+}
+
+impl<'a> In<'a> {
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+    /// The first numel elements, typed. The dtype was checked by `run`.
+    pub fn slice<T: Scalar>(&self, op: &'static str) -> Result<&'a [T]> {
+        let n = self.numel();
+        T::of(self.data)
+            .and_then(|s| s.get(..n))
+            .ok_or_else(|| Error::backend(op, format!("input buffer is not {} x {}", n, T::DTYPE)))
+    }
+}
+
+/// The output of a kernel: its storage (taken out of the slab) and dims.
+pub(crate) struct Out<'a> {
+    pub data: &'a mut CpuStorage,
+    pub dims: &'a [usize],
+    pub dtype: DType,
+}
+
+impl Out<'_> {
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+    pub fn slice<T: Scalar>(&mut self, op: &'static str) -> Result<&mut [T]> {
+        let n = self.numel();
+        T::of_mut(self.data)
+            .and_then(|s| s.get_mut(..n))
+            .ok_or_else(|| Error::backend(op, format!("output buffer is not {} x {}", n, T::DTYPE)))
+    }
+}
+
+/// Run `$body` with `$T` bound to the Rust type of a float dtype.
+macro_rules! with_float {
+    ($dtype:expr, $op:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            d => Err($crate::backend::cpu::unsupported_dtype($op, d)),
+        }
+    };
+}
+/// Run `$body` with `$T` bound to the Rust type of a numeric dtype.
+macro_rules! with_num {
+    ($dtype:expr, $op:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::dtype::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            d => Err($crate::backend::cpu::unsupported_dtype($op, d)),
+        }
+    };
+}
+/// Run `$body` with `$T` bound to the storage type of any dtype (u8 for bool).
+macro_rules! with_any {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::dtype::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::dtype::DType::Bool => {
+                type $T = u8;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use {with_any, with_float, with_num};
+
+pub(crate) fn unsupported_dtype(op: &'static str, dtype: DType) -> Error {
+    Error::unsupported(op, format!("the cpu backend has no {op} kernel for {dtype}"))
+}
+
+/// The CPU device's buffers and kernels.
+pub struct CpuBackend {
+    slab: RefCell<Vec<Option<CpuStorage>>>,
+    free_ids: RefCell<Vec<u32>>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    pub fn new() -> CpuBackend {
+        CpuBackend { slab: RefCell::new(Vec::new()), free_ids: RefCell::new(Vec::new()) }
+    }
+
+    fn missing(op: &'static str, id: BufferId) -> Error {
+        Error::backend(
+            op,
+            format!("buffer {} does not exist on the cpu backend (freed, or in use as the output)", id.0),
+        )
+    }
+
+    /// Check a tensor's dtype and length against the storage that holds it.
+    fn check(op: &'static str, t: &TensorRef<'_>, s: &CpuStorage) -> Result<()> {
+        if s.dtype() != t.dtype {
+            return Err(Error::backend(
+                op,
+                format!("buffer {} holds {} but the kernel was given {}", t.buffer.0, s.dtype(), t.dtype),
+            ));
+        }
+        if s.len() < t.numel() {
+            return Err(Error::backend(
+                op,
+                format!("buffer {} has {} elements, the tensor needs {}", t.buffer.0, s.len(), t.numel()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>) -> Result<()> {
+    let name = call.op.name();
+    match call.op {
+        Op::Input | Op::Param(_) => Err(Error::backend(name, "leaf nodes hold their value; there is no kernel to run")),
+        Op::Full(v) => elementwise::full(v, out),
+        Op::Arange { start, step } => elementwise::arange(start, step, out),
+        Op::Unary(u) => elementwise::unary(u, arity::<1>(name, ins)?, out),
+        Op::Binary(b) => elementwise::binary(b, arity::<2>(name, ins)?, out),
+        Op::Compare(c) => elementwise::compare(c, arity::<2>(name, ins)?, out),
+        Op::Where => elementwise::where_(arity::<3>(name, ins)?, out),
+        Op::Cast(_) => elementwise::cast(arity::<1>(name, ins)?, out),
+        Op::Reduce { op, axes, keepdim: _ } => reduce::reduce(op, axes, arity::<1>(name, ins)?, out),
+        Op::MatMul { transpose_a, transpose_b } => {
+            matmul::matmul(transpose_a, transpose_b, arity::<2>(name, ins)?, out)
+        }
+        Op::Reshape => movement::reshape(arity::<1>(name, ins)?, out),
+        Op::Permute(_) => movement::permute(call.attrs, arity::<1>(name, ins)?, out),
+        Op::Expand => movement::expand(arity::<1>(name, ins)?, out),
+        Op::Slice(_) => movement::slice(call.attrs, arity::<1>(name, ins)?, out),
+        Op::SliceBackward(_) => movement::slice_backward(call.attrs, arity::<1>(name, ins)?, out),
+        Op::Concat { axis } => movement::concat(axis as usize, ins, out),
+        Op::IndexSelect { axis } => index::index_select(axis as usize, arity::<2>(name, ins)?, out),
+        Op::ScatterAdd { axis } => index::scatter_add(axis as usize, arity::<3>(name, ins)?, out),
+    }
+}
+
+fn arity<'a, 'b, const N: usize>(op: &'static str, ins: &'b [In<'a>]) -> Result<&'b [In<'a>; N]> {
+    ins.try_into().map_err(|_| Error::backend(op, format!("expected {N} inputs, got {}", ins.len())))
+}
+
 impl Backend for CpuBackend {
-    fn name(&self) -> String { "cpu".into() }
-    fn alloc(&self, _: DType, _: usize) -> Result<BufferId> { Err(Error::unsupported("cpu", "placeholder")) }
-    fn free(&self, _: BufferId) {}
-    fn upload(&self, _: BufferId, _: &HostData) -> Result<()> { Err(Error::unsupported("cpu", "placeholder")) }
-    fn copy(&self, _: BufferId, _: BufferId, _: DType, _: usize) -> Result<()> { Err(Error::unsupported("cpu", "placeholder")) }
-    fn run(&self, _: &KernelCall<'_>) -> Result<()> { Err(Error::unsupported("cpu", "placeholder")) }
-    fn update_param(&self, _: &ParamUpdate, _: BufferId, _: BufferId, _: &[BufferId], _: DType, _: usize) -> Result<()> { Err(Error::unsupported("cpu", "placeholder")) }
-    fn read(&self, _: BufferId, _: DType, _: usize) -> ReadFuture { Box::pin(std::future::ready(Err(Error::unsupported("cpu", "placeholder")))) }
-    fn supports(&self, _: &Op, _: DType) -> bool { false }
+    fn name(&self) -> String {
+        #[cfg(feature = "rayon")]
+        {
+            format!("cpu (rayon, {} threads)", rayon::current_num_threads())
+        }
+        #[cfg(not(feature = "rayon"))]
+        {
+            "cpu (single-threaded)".to_string()
+        }
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<BufferId> {
+        let storage = CpuStorage::zeroed(dtype, len);
+        let mut slab = self.slab.borrow_mut();
+        if let Some(id) = self.free_ids.borrow_mut().pop() {
+            slab[id as usize] = Some(storage);
+            return Ok(BufferId(id));
+        }
+        let id = u32::try_from(slab.len())
+            .map_err(|_| Error::backend("alloc", "more than 2^32 buffers on the cpu backend"))?;
+        slab.push(Some(storage));
+        Ok(BufferId(id))
+    }
+
+    fn free(&self, buffer: BufferId) {
+        let mut slab = self.slab.borrow_mut();
+        if let Some(slot) = slab.get_mut(buffer.0 as usize) {
+            if slot.take().is_some() {
+                self.free_ids.borrow_mut().push(buffer.0);
+            }
+        }
+    }
+
+    fn upload(&self, buffer: BufferId, data: &HostData) -> Result<()> {
+        let mut slab = self.slab.borrow_mut();
+        let s =
+            slab.get_mut(buffer.0 as usize).and_then(Option::as_mut).ok_or_else(|| Self::missing("upload", buffer))?;
+        if s.len() < data.len() || s.dtype() != data.dtype() {
+            return Err(Error::backend(
+                "upload",
+                format!(
+                    "cannot upload {} x {} into buffer {} ({} x {})",
+                    data.len(),
+                    data.dtype(),
+                    buffer.0,
+                    s.len(),
+                    s.dtype()
+                ),
+            ));
+        }
+        match (s, data) {
+            (CpuStorage::F32(d), HostData::F32(v)) => d[..v.len()].copy_from_slice(v),
+            (CpuStorage::F64(d), HostData::F64(v)) => d[..v.len()].copy_from_slice(v),
+            (CpuStorage::I32(d), HostData::I32(v)) => d[..v.len()].copy_from_slice(v),
+            (CpuStorage::Bool(d), HostData::Bool(v)) => d.iter_mut().zip(v).for_each(|(d, &b)| *d = b as u8),
+            _ => unreachable!("dtypes checked above"),
+        }
+        Ok(())
+    }
+
+    fn copy(&self, src: BufferId, dst: BufferId, dtype: DType, len: usize) -> Result<()> {
+        if src == dst {
+            return Ok(());
+        }
+        let mut slab = self.slab.borrow_mut();
+        let mut d = slab.get_mut(dst.0 as usize).and_then(Option::take).ok_or_else(|| Self::missing("copy", dst))?;
+        let result = (|| {
+            let s = slab.get(src.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing("copy", src))?;
+            if s.dtype() != dtype || d.dtype() != dtype || s.len() < len || d.len() < len {
+                return Err(Error::backend(
+                    "copy",
+                    format!(
+                        "cannot copy {len} x {dtype} from buffer {} ({} x {}) to buffer {} ({} x {})",
+                        src.0,
+                        s.len(),
+                        s.dtype(),
+                        dst.0,
+                        d.len(),
+                        d.dtype()
+                    ),
+                ));
+            }
+            match (s, &mut d) {
+                (CpuStorage::F32(s), CpuStorage::F32(d)) => d[..len].copy_from_slice(&s[..len]),
+                (CpuStorage::F64(s), CpuStorage::F64(d)) => d[..len].copy_from_slice(&s[..len]),
+                (CpuStorage::I32(s), CpuStorage::I32(d)) => d[..len].copy_from_slice(&s[..len]),
+                (CpuStorage::Bool(s), CpuStorage::Bool(d)) => d[..len].copy_from_slice(&s[..len]),
+                _ => unreachable!("dtypes checked above"),
+            }
+            Ok(())
+        })();
+        slab[dst.0 as usize] = Some(d);
+        result
+    }
+
+    fn run(&self, call: &KernelCall<'_>) -> Result<()> {
+        let name = call.op.name();
+        let out_id = call.output.buffer;
+        let mut slab = self.slab.borrow_mut();
+        // Take the output out of the slab so that the inputs can be borrowed
+        // from it while the output is written; it goes back below, whatever
+        // the kernel returned.
+        let mut out_storage =
+            slab.get_mut(out_id.0 as usize).and_then(Option::take).ok_or_else(|| Self::missing(name, out_id))?;
+        let result = (|| {
+            Self::check(name, &call.output, &out_storage)?;
+            let mut ins: SmallVec<[In<'_>; 4]> = SmallVec::with_capacity(call.inputs.len());
+            for t in call.inputs {
+                let s = slab
+                    .get(t.buffer.0 as usize)
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| Self::missing(name, t.buffer))?;
+                Self::check(name, t, s)?;
+                ins.push(In { data: s, dims: t.dims, dtype: t.dtype });
+            }
+            let mut out = Out { data: &mut out_storage, dims: call.output.dims, dtype: call.output.dtype };
+            dispatch(call, &ins, &mut out)
+        })();
+        slab[out_id.0 as usize] = Some(out_storage);
+        result
+    }
+
+    fn update_param(
+        &self,
+        upd: &ParamUpdate,
+        param: BufferId,
+        grad: BufferId,
+        state: &[BufferId],
+        dtype: DType,
+        len: usize,
+    ) -> Result<()> {
+        const OP: &str = "update_param";
+        let needed = match *upd {
+            ParamUpdate::Sgd { momentum, .. } => usize::from(momentum != 0.0),
+            ParamUpdate::Adam { .. } => 2,
+        };
+        if state.len() < needed {
+            return Err(Error::backend(OP, format!("{needed} state buffers needed, {} given", state.len())));
+        }
+        let mut slab = self.slab.borrow_mut();
+        // Take every buffer written in place out of the slab (a buffer named
+        // twice is then found missing, never aliased), borrow the gradient.
+        let mut taken: SmallVec<[(BufferId, CpuStorage); 3]> = SmallVec::new();
+        let mut result = Ok(());
+        for &id in std::iter::once(&param).chain(&state[..needed]) {
+            match slab.get_mut(id.0 as usize).and_then(Option::take) {
+                Some(s) => taken.push((id, s)),
+                None => {
+                    result = Err(Self::missing(OP, id));
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = (|| {
+                let g = slab.get(grad.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing(OP, grad))?;
+                let (first, rest) = taken.split_first_mut().expect("param is always taken");
+                let mut states: SmallVec<[&mut CpuStorage; 2]> = rest.iter_mut().map(|(_, s)| s).collect();
+                update::update(upd, &mut first.1, g, &mut states, dtype, len)
+            })();
+        }
+        for (id, s) in taken {
+            slab[id.0 as usize] = Some(s);
+        }
+        result
+    }
+
+    fn read(&self, buffer: BufferId, dtype: DType, len: usize) -> ReadFuture {
+        let slab = self.slab.borrow();
+        let result = match slab.get(buffer.0 as usize).and_then(Option::as_ref) {
+            None => Err(Self::missing("read", buffer)),
+            Some(s) if s.dtype() != dtype || s.len() < len => Err(Error::backend(
+                "read",
+                format!("cannot read {len} x {dtype} from buffer {} ({} x {})", buffer.0, s.len(), s.dtype()),
+            )),
+            Some(s) => Ok(match s {
+                CpuStorage::F32(v) => HostData::F32(v[..len].to_vec()),
+                CpuStorage::F64(v) => HostData::F64(v[..len].to_vec()),
+                CpuStorage::I32(v) => HostData::I32(v[..len].to_vec()),
+                CpuStorage::Bool(v) => HostData::Bool(v[..len].iter().map(|&b| b != 0).collect()),
+            }),
+        };
+        Box::pin(std::future::ready(result))
+    }
+
+    fn supports(&self, op: &Op, dtype: DType) -> bool {
+        let float = dtype.is_float();
+        let num = float || dtype == DType::I32;
+        match op {
+            Op::Input | Op::Param(_) => false,
+            Op::Full(_) | Op::Arange { .. } | Op::Where | Op::Cast(_) => true,
+            Op::Unary(u) => float || (dtype == DType::I32 && u.accepts_integers()),
+            Op::Binary(b) => float || (dtype == DType::I32 && b.accepts_integers()),
+            Op::Compare(_) => dtype == DType::Bool,
+            Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => dtype == DType::I32,
+            Op::Reduce { .. } => num,
+            Op::MatMul { .. } => float,
+            Op::Reshape
+            | Op::Permute(_)
+            | Op::Expand
+            | Op::Slice(_)
+            | Op::SliceBackward(_)
+            | Op::Concat { .. }
+            | Op::IndexSelect { .. } => true,
+            Op::ScatterAdd { .. } => num,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    //! Run one kernel on host data: the kernel tests' harness.
+    use super::*;
+
+    pub fn run_op(
+        op: Op,
+        attrs: &[usize],
+        inputs: &[(HostData, &[usize])],
+        out_dims: &[usize],
+        out_dtype: DType,
+    ) -> Result<HostData> {
+        let be = CpuBackend::new();
+        let mut refs = Vec::new();
+        for (data, dims) in inputs {
+            // Pooled buffers are longer than the tensor: mimic that.
+            let id = be.alloc(data.dtype(), data.len() + 7)?;
+            be.upload(id, data)?;
+            refs.push(TensorRef { buffer: id, dims, dtype: data.dtype() });
+        }
+        let n: usize = out_dims.iter().product();
+        let out = be.alloc(out_dtype, n + 5)?;
+        be.run(&KernelCall {
+            op,
+            attrs,
+            inputs: &refs,
+            output: TensorRef { buffer: out, dims: out_dims, dtype: out_dtype },
+        })?;
+        pollster::block_on(be.read(out, out_dtype, n))
+    }
+
+    pub fn f32s(v: &[f32]) -> HostData {
+        HostData::F32(v.to_vec())
+    }
+    pub fn f64s(v: &[f64]) -> HostData {
+        HostData::F64(v.to_vec())
+    }
+    pub fn i32s(v: &[i32]) -> HostData {
+        HostData::I32(v.to_vec())
+    }
+    pub fn bools(v: &[bool]) -> HostData {
+        HostData::Bool(v.to_vec())
+    }
+    /// Deterministic pseudo-random floats in [-1, 1).
+    pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::*;
+    use super::*;
+    use crate::op::{BinaryOp, UnaryOp};
+
+    #[test]
+    fn storage_slab_reuses_ids_and_refuses_unknown_buffers() {
+        let be = CpuBackend::new();
+        let a = be.alloc(DType::F32, 4).unwrap();
+        let b = be.alloc(DType::F32, 4).unwrap();
+        assert_ne!(a, b);
+        be.free(a);
+        be.free(a); // double free is harmless
+        let c = be.alloc(DType::I32, 2).unwrap();
+        assert_eq!(c, a);
+        let d = be.alloc(DType::I32, 2).unwrap();
+        assert_ne!(d, a);
+        be.free(b);
+        assert!(pollster::block_on(be.read(b, DType::F32, 4)).is_err());
+        assert!(be.upload(b, &f32s(&[1.0])).is_err());
+        assert!(be.upload(c, &f32s(&[1.0])).is_err(), "dtype mismatch");
+        assert!(be.upload(c, &i32s(&[1, 2, 3])).is_err(), "too long");
+        assert!(be.copy(c, BufferId(99), DType::I32, 1).is_err());
+        assert!(pollster::block_on(be.read(BufferId(1234), DType::F32, 1)).is_err());
+    }
+
+    #[test]
+    fn upload_read_copy_roundtrip() {
+        let be = CpuBackend::new();
+        let a = be.alloc(DType::Bool, 64).unwrap();
+        be.upload(a, &bools(&[true, false, true])).unwrap();
+        assert_eq!(pollster::block_on(be.read(a, DType::Bool, 3)).unwrap(), bools(&[true, false, true]));
+        let x = be.alloc(DType::F64, 10).unwrap();
+        let y = be.alloc(DType::F64, 10).unwrap();
+        be.upload(x, &f64s(&[1.5, 2.5, 3.5])).unwrap();
+        be.copy(x, y, DType::F64, 2).unwrap();
+        assert_eq!(pollster::block_on(be.read(y, DType::F64, 3)).unwrap(), f64s(&[1.5, 2.5, 0.0]));
+    }
+
+    #[test]
+    fn run_refuses_aliasing_and_missing_inputs_without_panicking() {
+        let be = CpuBackend::new();
+        let a = be.alloc(DType::F32, 4).unwrap();
+        let dims = [4usize];
+        let t = TensorRef { buffer: a, dims: &dims, dtype: DType::F32 };
+        let call = KernelCall { op: Op::Unary(UnaryOp::Neg), attrs: &[], inputs: &[t], output: t };
+        assert!(be.run(&call).is_err());
+        // The output was put back.
+        assert!(pollster::block_on(be.read(a, DType::F32, 4)).is_ok());
+        let wrong = TensorRef { buffer: a, dims: &dims, dtype: DType::I32 };
+        let b = be.alloc(DType::F32, 4).unwrap();
+        let o = TensorRef { buffer: b, dims: &dims, dtype: DType::F32 };
+        let call = KernelCall { op: Op::Binary(BinaryOp::Add), attrs: &[], inputs: &[wrong, wrong], output: o };
+        assert!(be.run(&call).is_err());
+    }
+
+    #[test]
+    fn supports_matches_the_kernel_set() {
+        let be = CpuBackend::new();
+        assert!(be.supports(&Op::Unary(UnaryOp::Exp), DType::F64));
+        assert!(!be.supports(&Op::Unary(UnaryOp::Exp), DType::I32));
+        assert!(be.supports(&Op::Unary(UnaryOp::Abs), DType::I32));
+        assert!(!be.supports(&Op::Binary(BinaryOp::Div), DType::I32));
+        assert!(!be.supports(&Op::MatMul { transpose_a: false, transpose_b: false }, DType::I32));
+        assert!(be.name().starts_with("cpu ("));
+    }
 }

@@ -1,0 +1,483 @@
+//! Elementwise kernels: Full, Arange, Unary, Binary, Compare, Where, Cast.
+//!
+//! One generic kernel per family (`map`, `zip`, `zip3`), monomorphised per
+//! operator by passing the operator as a closure chosen outside the loop, so
+//! every inner loop is a tight, vectorisable loop over one operator.
+
+use super::layout::{broadcast_to, for_chunks, for_chunks_weighted, Strided};
+use super::scalar::{Float, Num, Scalar};
+use super::{unsupported_dtype, with_any, with_float, In, Out};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::op::{BinaryOp, CompareOp, UnaryOp};
+
+pub(super) fn full(v: f64, out: &mut Out<'_>) -> Result<()> {
+    with_any!(out.dtype, T => {
+        let x = T::from_f64(v);
+        for_chunks(out.slice::<T>("Full")?, 1, |_, c| c.fill(x));
+        Ok(())
+    })
+}
+
+pub(super) fn arange(start: f64, step: f64, out: &mut Out<'_>) -> Result<()> {
+    with_any!(out.dtype, T => {
+        for_chunks(out.slice::<T>("Arange")?, 1, |s, c| {
+            for (i, o) in c.iter_mut().enumerate() {
+                *o = T::from_f64(start + (s + i) as f64 * step);
+            }
+        });
+        Ok(())
+    })
+}
+
+/// Work weight (see `PAR_THRESHOLD`) of an element of a transcendental op.
+const DEAR: usize = 16;
+
+/// out[i] = f(x[i]) over contiguous data of equal length; `weight` is the
+/// cost of one f relative to an add.
+#[inline]
+fn map<T: Scalar, O: Scalar>(x: &[T], out: &mut [O], weight: usize, f: impl Fn(T) -> O + Sync + Send) {
+    debug_assert_eq!(x.len(), out.len());
+    for_chunks_weighted(out, 1, weight, |s, c| {
+        let n = c.len();
+        for (o, &v) in c.iter_mut().zip(&x[s..s + n]) {
+            *o = f(v);
+        }
+    });
+}
+
+pub(super) fn unary(u: UnaryOp, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "Unary";
+    if x.numel() != out.numel() || x.dtype != out.dtype {
+        return Err(crate::error::Error::backend(u.name(), "input and output differ in size or dtype"));
+    }
+    match out.dtype {
+        DType::I32 => {
+            let (x, o) = (x.slice::<i32>(OP)?, out.slice::<i32>(OP)?);
+            match u {
+                UnaryOp::Neg => map(x, o, 1, Num::neg),
+                UnaryOp::Abs => map(x, o, 1, Num::abs),
+                UnaryOp::Relu => map(x, o, 1, Num::relu),
+                UnaryOp::Sign => map(x, o, 1, Num::sign),
+                _ => return Err(unsupported_dtype(u.name(), DType::I32)),
+            }
+            Ok(())
+        }
+        d => with_float!(d, u.name(), T => {
+            unary_float::<T>(u, x.slice::<T>(OP)?, out.slice::<T>(OP)?);
+            Ok(())
+        }),
+    }
+}
+
+fn unary_float<T: Float>(u: UnaryOp, x: &[T], o: &mut [T]) {
+    match u {
+        UnaryOp::Neg => map(x, o, 1, Num::neg),
+        UnaryOp::Abs => map(x, o, 1, Num::abs),
+        UnaryOp::Exp => map(x, o, DEAR, Float::exp),
+        UnaryOp::Log => map(x, o, DEAR, Float::ln),
+        UnaryOp::Sqrt => map(x, o, 1, Float::sqrt),
+        UnaryOp::Recip => map(x, o, 1, Float::recip),
+        UnaryOp::Sin => map(x, o, DEAR, Float::sin),
+        UnaryOp::Cos => map(x, o, DEAR, Float::cos),
+        UnaryOp::Tanh => map(x, o, DEAR, Float::tanh),
+        UnaryOp::Sigmoid => map(x, o, DEAR, Float::sigmoid),
+        UnaryOp::Relu => map(x, o, 1, Num::relu),
+        UnaryOp::Erf => map(x, o, DEAR, Float::erf),
+        UnaryOp::Erfc => map(x, o, DEAR, Float::erfc),
+        UnaryOp::Sign => map(x, o, 1, Num::sign),
+    }
+}
+
+/// out = f(a, b) with a and b broadcast to the output dims.
+#[inline]
+fn zip<A: Scalar, B: Scalar, O: Scalar>(
+    op: &'static str,
+    a: (&[A], &[usize]),
+    b: (&[B], &[usize]),
+    out: (&mut [O], &[usize]),
+    weight: usize,
+    f: impl Fn(A, B) -> O + Sync + Send + Copy,
+) -> Result<()> {
+    let ((a, ad), (b, bd), (out, od)) = (a, b, out);
+    let sa = broadcast_to(op, ad, od)?;
+    let sb = broadcast_to(op, bd, od)?;
+    let n = out.len();
+    // Fast paths: same shape, or a scalar operand.
+    if a.len() == n && b.len() == n {
+        for_chunks_weighted(out, 1, weight, |s, c| {
+            let e = s + c.len();
+            for ((o, &x), &y) in c.iter_mut().zip(&a[s..e]).zip(&b[s..e]) {
+                *o = f(x, y);
+            }
+        });
+        return Ok(());
+    }
+    if a.len() == n && b.len() == 1 {
+        let y = b[0];
+        map(a, out, weight, move |x| f(x, y));
+        return Ok(());
+    }
+    if a.len() == 1 && b.len() == n {
+        let x = a[0];
+        map(b, out, weight, move |y| f(x, y));
+        return Ok(());
+    }
+    let st = Strided::<2>::new(od, [&sa, &sb], [0, 0]);
+    let [ia, ib] = st.inner_strides;
+    st.fill_weighted(out, weight, |row, [oa, ob]| {
+        let m = row.len();
+        match (ia, ib) {
+            (1, 1) => {
+                for ((o, &x), &y) in row.iter_mut().zip(&a[oa..oa + m]).zip(&b[ob..ob + m]) {
+                    *o = f(x, y);
+                }
+            }
+            (1, 0) => {
+                let y = b[ob];
+                for (o, &x) in row.iter_mut().zip(&a[oa..oa + m]) {
+                    *o = f(x, y);
+                }
+            }
+            (0, 1) => {
+                let x = a[oa];
+                for (o, &y) in row.iter_mut().zip(&b[ob..ob + m]) {
+                    *o = f(x, y);
+                }
+            }
+            _ => {
+                for (j, o) in row.iter_mut().enumerate() {
+                    *o = f(a[oa + j * ia], b[ob + j * ib]);
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+pub(super) fn binary(op: BinaryOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+    let name = op.name();
+    if a.dtype != out.dtype || b.dtype != out.dtype {
+        return Err(crate::error::Error::backend(name, "operand dtypes differ from the output's"));
+    }
+    let od = out.dims;
+    match out.dtype {
+        DType::I32 => binary_num::<i32>(op, a, b, od, out.slice::<i32>(name)?),
+        d => with_float!(d, name, T => {
+            let (x, y) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims));
+            let o = (out.slice::<T>(name)?, od);
+            match op {
+                BinaryOp::Div => zip(name, x, y, o, 1, |p: T, q: T| p / q),
+                BinaryOp::Pow => zip(name, x, y, o, DEAR, Float::powf),
+                _ => binary_num::<T>(op, a, b, od, o.0),
+            }
+        }),
+    }
+}
+
+fn binary_num<T: Num>(op: BinaryOp, a: &In<'_>, b: &In<'_>, od: &[usize], o: &mut [T]) -> Result<()> {
+    let name = op.name();
+    let (x, y, o) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims), (o, od));
+    match op {
+        BinaryOp::Add => zip(name, x, y, o, 1, Num::add),
+        BinaryOp::Sub => zip(name, x, y, o, 1, Num::sub),
+        BinaryOp::Mul => zip(name, x, y, o, 1, Num::mul),
+        BinaryOp::Maximum => zip(name, x, y, o, 1, Num::max),
+        BinaryOp::Minimum => zip(name, x, y, o, 1, Num::min),
+        BinaryOp::Div | BinaryOp::Pow => Err(unsupported_dtype(name, T::DTYPE)),
+    }
+}
+
+pub(super) fn compare(op: CompareOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+    let name = op.name();
+    if a.dtype != b.dtype || out.dtype != DType::Bool {
+        return Err(crate::error::Error::backend(name, "compare needs operands of one dtype and a bool output"));
+    }
+    let od = out.dims;
+    let o = out.slice::<u8>(name)?;
+    with_any!(a.dtype, T => {
+        let (x, y) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims));
+        let o = (o, od);
+        match op {
+            CompareOp::Equal => zip(name, x, y, o, 1, |p: T, q: T| (p == q) as u8),
+            CompareOp::NotEqual => zip(name, x, y, o, 1, |p: T, q: T| (p != q) as u8),
+            CompareOp::Less => zip(name, x, y, o, 1, |p: T, q: T| (p < q) as u8),
+            CompareOp::LessEqual => zip(name, x, y, o, 1, |p: T, q: T| (p <= q) as u8),
+            CompareOp::Greater => zip(name, x, y, o, 1, |p: T, q: T| (p > q) as u8),
+            CompareOp::GreaterEqual => zip(name, x, y, o, 1, |p: T, q: T| (p >= q) as u8),
+        }
+    })
+}
+
+pub(super) fn where_([c, a, b]: &[In<'_>; 3], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "Where";
+    if c.dtype != DType::Bool || a.dtype != out.dtype || b.dtype != out.dtype {
+        return Err(crate::error::Error::backend(OP, "where needs a bool condition and a, b of the output dtype"));
+    }
+    let od = out.dims;
+    let cond = c.slice::<u8>(OP)?;
+    with_any!(out.dtype, T => {
+        let (x, y, o) = (a.slice::<T>(OP)?, b.slice::<T>(OP)?, out.slice::<T>(OP)?);
+        zip3(OP, (cond, c.dims), (x, a.dims), (y, b.dims), (o, od))
+    })
+}
+
+/// out = if c { a } else { b }, all three broadcast to the output dims.
+fn zip3<T: Scalar>(
+    op: &'static str,
+    (c, cd): (&[u8], &[usize]),
+    (a, ad): (&[T], &[usize]),
+    (b, bd): (&[T], &[usize]),
+    (out, od): (&mut [T], &[usize]),
+) -> Result<()> {
+    let sc = broadcast_to(op, cd, od)?;
+    let sa = broadcast_to(op, ad, od)?;
+    let sb = broadcast_to(op, bd, od)?;
+    let n = out.len();
+    if c.len() == n && a.len() == n && b.len() == n {
+        for_chunks(out, 1, |s, o| {
+            let e = s + o.len();
+            for (((o, &k), &x), &y) in o.iter_mut().zip(&c[s..e]).zip(&a[s..e]).zip(&b[s..e]) {
+                *o = if k != 0 { x } else { y };
+            }
+        });
+        return Ok(());
+    }
+    let st = Strided::<3>::new(od, [&sc, &sa, &sb], [0, 0, 0]);
+    let [ic, ia, ib] = st.inner_strides;
+    st.fill(out, |row, [oc, oa, ob]| {
+        for (j, o) in row.iter_mut().enumerate() {
+            *o = if c[oc + j * ic] != 0 { a[oa + j * ia] } else { b[ob + j * ib] };
+        }
+    });
+    Ok(())
+}
+
+pub(super) fn cast([x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "Cast";
+    if x.numel() != out.numel() {
+        return Err(crate::error::Error::backend(OP, "input and output differ in size"));
+    }
+    with_any!(x.dtype, I => {
+        let src = x.slice::<I>(OP)?;
+        with_any!(out.dtype, O => {
+            let dst = out.slice::<O>(OP)?;
+            // Every storage type converts to f64 exactly, so going through
+            // f64 gives Rust `as` semantics (one rounding at most).
+            map(src, dst, 1, |v| O::from_f64(v.to_f64()));
+            Ok(())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use crate::dtype::{DType, HostData};
+    use crate::op::{BinaryOp, CompareOp, Op, UnaryOp};
+
+    fn f(v: HostData) -> Vec<f64> {
+        v.to_f64_vec()
+    }
+
+    #[test]
+    fn full_and_arange() {
+        assert_eq!(run_op(Op::Full(2.5), &[], &[], &[2, 2], DType::F32).unwrap(), f32s(&[2.5; 4]));
+        assert_eq!(run_op(Op::Full(2.0), &[], &[], &[3], DType::Bool).unwrap(), bools(&[true; 3]));
+        assert_eq!(run_op(Op::Full(-2.7), &[], &[], &[1], DType::I32).unwrap(), i32s(&[-2]));
+        let a = run_op(Op::Arange { start: 1.0, step: 0.5 }, &[], &[], &[4], DType::F64).unwrap();
+        assert_eq!(a, f64s(&[1.0, 1.5, 2.0, 2.5]));
+        let a = run_op(Op::Arange { start: -1.0, step: -0.75 }, &[], &[], &[4], DType::I32).unwrap();
+        assert_eq!(a, i32s(&[-1, -1, -2, -3]), "rounds toward zero");
+        // Large enough to go parallel.
+        let n = 300_000;
+        let a = run_op(Op::Arange { start: 0.0, step: 1.0 }, &[], &[], &[n], DType::F32).unwrap();
+        assert_eq!(f(a), (0..n).map(|i| i as f64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn unary_float_ops() {
+        let x = [-2.0f64, -0.5, 0.0, 0.5, 3.0];
+        type Case = (UnaryOp, fn(f64) -> f64);
+        let cases: [Case; 11] = [
+            (UnaryOp::Neg, |v| -v),
+            (UnaryOp::Abs, f64::abs),
+            (UnaryOp::Exp, f64::exp),
+            (UnaryOp::Sin, f64::sin),
+            (UnaryOp::Cos, f64::cos),
+            (UnaryOp::Tanh, f64::tanh),
+            (UnaryOp::Sigmoid, |v| 1.0 / (1.0 + (-v).exp())),
+            (UnaryOp::Relu, |v| v.max(0.0)),
+            (UnaryOp::Erf, libm::erf),
+            (UnaryOp::Erfc, libm::erfc),
+            (UnaryOp::Sign, |v| {
+                if v > 0.0 {
+                    1.0
+                } else if v < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                }
+            }),
+        ];
+        for (u, g) in cases {
+            let got = run_op(Op::Unary(u), &[], &[(f64s(&x), &[5])], &[5], DType::F64).unwrap();
+            let want: Vec<f64> = x.iter().map(|&v| g(v)).collect();
+            let got = f(got);
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-12, "{u:?}: {got:?} vs {want:?}");
+            }
+        }
+        let y = [0.25f32, 4.0];
+        let r = |u| run_op(Op::Unary(u), &[], &[(f32s(&y), &[2])], &[2], DType::F32).unwrap();
+        assert_eq!(r(UnaryOp::Sqrt), f32s(&[0.5, 2.0]));
+        assert_eq!(r(UnaryOp::Recip), f32s(&[4.0, 0.25]));
+        assert_eq!(r(UnaryOp::Log), f32s(&[0.25f32.ln(), 4.0f32.ln()]));
+        assert!((libm::erff(0.5) - 0.5204999).abs() < 1e-6);
+    }
+
+    #[test]
+    fn unary_special_values() {
+        let x = f32s(&[f32::NAN, -1000.0, 1000.0]);
+        let s = run_op(Op::Unary(UnaryOp::Sigmoid), &[], &[(x.clone(), &[3])], &[3], DType::F32).unwrap();
+        let s = f(s);
+        assert!(s[0].is_nan() && s[1] == 0.0 && s[2] == 1.0);
+        let r = f(run_op(Op::Unary(UnaryOp::Relu), &[], &[(x.clone(), &[3])], &[3], DType::F32).unwrap());
+        assert!(r[0].is_nan() && r[1] == 0.0 && r[2] == 1000.0);
+        let r = f(run_op(Op::Unary(UnaryOp::Sign), &[], &[(x, &[3])], &[3], DType::F32).unwrap());
+        assert!(r[0].is_nan() && r[1] == -1.0 && r[2] == 1.0);
+    }
+
+    #[test]
+    fn unary_i32() {
+        let x = i32s(&[i32::MIN, -3, 0, 5]);
+        let r = |u| run_op(Op::Unary(u), &[], &[(x.clone(), &[4])], &[4], DType::I32);
+        assert_eq!(r(UnaryOp::Neg).unwrap(), i32s(&[i32::MIN, 3, 0, -5]));
+        assert_eq!(r(UnaryOp::Abs).unwrap(), i32s(&[i32::MIN, 3, 0, 5]));
+        assert_eq!(r(UnaryOp::Relu).unwrap(), i32s(&[0, 0, 0, 5]));
+        assert_eq!(r(UnaryOp::Sign).unwrap(), i32s(&[-1, -1, 0, 1]));
+        assert!(r(UnaryOp::Exp).is_err());
+    }
+
+    #[test]
+    fn binary_broadcasting() {
+        let add = Op::Binary(BinaryOp::Add);
+        // [2,3] + [1,3]
+        let a = f32s(&[1., 2., 3., 4., 5., 6.]);
+        let b = f32s(&[10., 20., 30.]);
+        let r = run_op(add, &[], &[(a.clone(), &[2, 3]), (b.clone(), &[1, 3])], &[2, 3], DType::F32).unwrap();
+        assert_eq!(r, f32s(&[11., 22., 33., 14., 25., 36.]));
+        // [3] broadcast on the left.
+        let r =
+            run_op(Op::Binary(BinaryOp::Sub), &[], &[(b, &[3]), (a.clone(), &[2, 3])], &[2, 3], DType::F32).unwrap();
+        assert_eq!(r, f32s(&[9., 18., 27., 6., 15., 24.]));
+        // scalar
+        let r =
+            run_op(Op::Binary(BinaryOp::Mul), &[], &[(a.clone(), &[2, 3]), (f32s(&[2.]), &[])], &[2, 3], DType::F32)
+                .unwrap();
+        assert_eq!(r, f32s(&[2., 4., 6., 8., 10., 12.]));
+        let r =
+            run_op(Op::Binary(BinaryOp::Div), &[], &[(f32s(&[12.]), &[1]), (a, &[2, 3])], &[2, 3], DType::F32).unwrap();
+        assert_eq!(r, f32s(&[12., 6., 4., 3., 2.4, 2.]));
+        // [4,3,5] with [3,1]
+        let x: Vec<f64> = (0..60).map(|i| i as f64).collect();
+        let y = [100.0, 200.0, 300.0];
+        let r = run_op(add, &[], &[(f64s(&x), &[4, 3, 5]), (f64s(&y), &[3, 1])], &[4, 3, 5], DType::F64).unwrap();
+        let want: Vec<f64> = (0..60).map(|i| i as f64 + y[(i / 5) % 3]).collect();
+        assert_eq!(r, f64s(&want));
+        // Both broadcast: [3,1] + [1,4] -> [3,4]; and [4,1,5] with [3,1] -> [4,3,5]
+        let r =
+            run_op(add, &[], &[(i32s(&[1, 2, 3]), &[3, 1]), (i32s(&[10, 20, 30, 40]), &[1, 4])], &[3, 4], DType::I32)
+                .unwrap();
+        assert_eq!(r, i32s(&[11, 21, 31, 41, 12, 22, 32, 42, 13, 23, 33, 43]));
+        let x: Vec<f32> = (0..20).map(|i| i as f32).collect();
+        let r = run_op(add, &[], &[(f32s(&x), &[4, 1, 5]), (f32s(&[0., 100., 200.]), &[3, 1])], &[4, 3, 5], DType::F32)
+            .unwrap();
+        let want: Vec<f64> = (0..60).map(|i| ((i / 15) * 5 + i % 5) as f64 + 100.0 * ((i / 5) % 3) as f64).collect();
+        assert_eq!(f(r), want);
+        // Large broadcast goes parallel and matches.
+        let x = rand_f32(1100 * 257, 1);
+        let y = rand_f32(257, 2);
+        let r = run_op(add, &[], &[(f32s(&x), &[1100, 257]), (f32s(&y), &[257])], &[1100, 257], DType::F32).unwrap();
+        let want: Vec<f32> = (0..x.len()).map(|i| x[i] + y[i % 257]).collect();
+        assert_eq!(r, f32s(&want));
+        // Shapes that do not broadcast are an error, not a panic.
+        assert!(run_op(add, &[], &[(f32s(&[1., 2.]), &[2]), (f32s(&[1., 2., 3.]), &[3])], &[3], DType::F32).is_err());
+    }
+
+    #[test]
+    fn binary_ops_and_nan() {
+        let a = f64s(&[1.0, f64::NAN, 3.0, -2.0]);
+        let b = f64s(&[2.0, 1.0, f64::NAN, -2.0]);
+        let r = |op| f(run_op(Op::Binary(op), &[], &[(a.clone(), &[4]), (b.clone(), &[4])], &[4], DType::F64).unwrap());
+        let mx = r(BinaryOp::Maximum);
+        assert!(mx[0] == 2.0 && mx[1].is_nan() && mx[2].is_nan() && mx[3] == -2.0);
+        let mn = r(BinaryOp::Minimum);
+        assert!(mn[0] == 1.0 && mn[1].is_nan() && mn[2].is_nan() && mn[3] == -2.0);
+        let p = r(BinaryOp::Pow);
+        assert_eq!(p[0], 1.0);
+        assert_eq!(p[3], 0.25);
+        let ia = i32s(&[i32::MAX, 5, -7]);
+        let ib = i32s(&[1, 9, 2]);
+        let r = |op| run_op(Op::Binary(op), &[], &[(ia.clone(), &[3]), (ib.clone(), &[3])], &[3], DType::I32);
+        assert_eq!(r(BinaryOp::Add).unwrap(), i32s(&[i32::MIN, 14, -5]));
+        assert_eq!(r(BinaryOp::Mul).unwrap(), i32s(&[i32::MAX, 45, -14]));
+        assert_eq!(r(BinaryOp::Maximum).unwrap(), i32s(&[i32::MAX, 9, 2]));
+        assert_eq!(r(BinaryOp::Minimum).unwrap(), i32s(&[1, 5, -7]));
+        assert!(r(BinaryOp::Div).is_err());
+    }
+
+    #[test]
+    fn compare_where_cast() {
+        let a = f32s(&[1.0, 2.0, f32::NAN]);
+        let b = f32s(&[2.0]);
+        let r = |op| run_op(Op::Compare(op), &[], &[(a.clone(), &[3]), (b.clone(), &[1])], &[3], DType::Bool).unwrap();
+        assert_eq!(r(CompareOp::Less), bools(&[true, false, false]));
+        assert_eq!(r(CompareOp::LessEqual), bools(&[true, true, false]));
+        assert_eq!(r(CompareOp::Equal), bools(&[false, true, false]));
+        assert_eq!(r(CompareOp::NotEqual), bools(&[true, false, true]));
+        assert_eq!(r(CompareOp::Greater), bools(&[false, false, false]));
+        assert_eq!(r(CompareOp::GreaterEqual), bools(&[false, true, false]));
+        let r = run_op(
+            Op::Compare(CompareOp::Equal),
+            &[],
+            &[(bools(&[true, false]), &[2, 1]), (bools(&[true, false]), &[2])],
+            &[2, 2],
+            DType::Bool,
+        )
+        .unwrap();
+        assert_eq!(r, bools(&[true, false, false, true]));
+
+        // where: cond [2,1], a [2,3], b scalar
+        let r = run_op(
+            Op::Where,
+            &[],
+            &[(bools(&[true, false]), &[2, 1]), (i32s(&[1, 2, 3, 4, 5, 6]), &[2, 3]), (i32s(&[0]), &[])],
+            &[2, 3],
+            DType::I32,
+        )
+        .unwrap();
+        assert_eq!(r, i32s(&[1, 2, 3, 0, 0, 0]));
+        let r = run_op(
+            Op::Where,
+            &[],
+            &[(bools(&[true, false, true]), &[3]), (f64s(&[1., 2., 3.]), &[3]), (f64s(&[7., 8., 9.]), &[3])],
+            &[3],
+            DType::F64,
+        )
+        .unwrap();
+        assert_eq!(r, f64s(&[1., 8., 3.]));
+
+        let x = f32s(&[-1.7, 2.9, f32::NAN, 1e20, -1e20, 0.0]);
+        let r = run_op(Op::Cast(DType::I32), &[], &[(x.clone(), &[6])], &[6], DType::I32).unwrap();
+        assert_eq!(r, i32s(&[-1, 2, 0, i32::MAX, i32::MIN, 0]));
+        let r = run_op(Op::Cast(DType::Bool), &[], &[(x, &[6])], &[6], DType::Bool).unwrap();
+        assert_eq!(r, bools(&[true, true, true, true, true, false]));
+        let r = run_op(Op::Cast(DType::F64), &[], &[(bools(&[true, false]), &[2])], &[2], DType::F64).unwrap();
+        assert_eq!(r, f64s(&[1.0, 0.0]));
+        let r = run_op(Op::Cast(DType::F32), &[], &[(i32s(&[16777217, -3]), &[2])], &[2], DType::F32).unwrap();
+        assert_eq!(r, f32s(&[16777217i32 as f32, -3.0]));
+        let r = run_op(Op::Cast(DType::F32), &[], &[(f64s(&[0.1]), &[1])], &[1], DType::F32).unwrap();
+        assert_eq!(r, f32s(&[0.1f64 as f32]));
+    }
+}

@@ -1,0 +1,290 @@
+//! Batched matrix product through the `gemm` crate. Transposed operands are
+//! read through their strides (no copy); batch axes broadcast.
+
+use gemm::Parallelism;
+
+use super::layout::broadcast_to;
+use super::scalar::Float;
+use super::{with_float, In, Out};
+use crate::error::{Error, Result};
+use crate::shape::{fmt_dims, Dims};
+
+/// m * n * k up to which a plain loop is used instead of gemm.
+const SMALL_GEMM_WORK: usize = 8 * 8 * 8;
+
+/// m * n * k from which one GEMM uses every thread.
+#[cfg(feature = "rayon")]
+const PAR_GEMM_WORK: usize = 64 * 64 * 64;
+
+pub(super) fn matmul(ta: bool, tb: bool, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "MatMul";
+    if a.dtype != out.dtype || b.dtype != out.dtype {
+        return Err(Error::backend(OP, "operand dtypes differ from the output's"));
+    }
+    let od = out.dims;
+    with_float!(out.dtype, OP, T => {
+        let (x, y) = (a.slice::<T>(OP)?, b.slice::<T>(OP)?);
+        batched::<T>(ta, tb, (x, a.dims), (y, b.dims), (out.slice::<T>(OP)?, od))
+    })
+}
+
+/// One operand's matrix geometry: rows x cols of the logical matrix, and the
+/// strides that read it from row-major storage (transposed or not).
+struct Mat {
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl Mat {
+    fn new(dims: &[usize], transposed: bool) -> Mat {
+        let (r, c) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        if transposed {
+            Mat { rows: c, cols: r, rs: 1, cs: c }
+        } else {
+            Mat { rows: r, cols: c, rs: c, cs: 1 }
+        }
+    }
+    /// Elements a matrix spans from its first (0 for an empty one).
+    fn span(&self) -> usize {
+        if self.rows == 0 || self.cols == 0 {
+            0
+        } else {
+            (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1
+        }
+    }
+}
+
+fn batched<T: Float>(
+    ta: bool,
+    tb: bool,
+    (a, ad): (&[T], &[usize]),
+    (b, bd): (&[T], &[usize]),
+    (out, od): (&mut [T], &[usize]),
+) -> Result<()> {
+    const OP: &str = "MatMul";
+    if ad.len() < 2 || bd.len() < 2 || od.len() < 2 {
+        return Err(Error::shape(OP, "operands and output need rank >= 2"));
+    }
+    let (ma, mb) = (Mat::new(ad, ta), Mat::new(bd, tb));
+    let (m, k, n) = (ma.rows, ma.cols, mb.cols);
+    let ro = od.len();
+    if mb.rows != k || od[ro - 2] != m || od[ro - 1] != n {
+        return Err(Error::shape(
+            OP,
+            format!("{} x {} (transposed: {ta}, {tb}) cannot give {}", fmt_dims(ad), fmt_dims(bd), fmt_dims(od)),
+        ));
+    }
+    let bo = &od[..ro - 2];
+    let sa: Dims = broadcast_to(OP, &ad[..ad.len() - 2], bo)?.iter().map(|s| s * m * k).collect();
+    let sb: Dims = broadcast_to(OP, &bd[..bd.len() - 2], bo)?.iter().map(|s| s * k * n).collect();
+    let batches: usize = bo.iter().product();
+    if out.is_empty() {
+        return Ok(());
+    }
+    if k == 0 {
+        out.fill(T::ZERO);
+        return Ok(());
+    }
+    // A shared right operand and a plain left one: the batch folds into m,
+    // one large GEMM instead of many small ones.
+    if !ta && batches > 1 && sb.iter().all(|&s| s == 0) && a.len() == batches * m * k {
+        let folded = Mat { rows: batches * m, ..ma };
+        return gemm_one(&folded, &mb, a, b, out, parallelism(batches * m * n * k));
+    }
+    let mn = m * n;
+    let offsets = |i: usize| {
+        let (mut oa, mut ob, mut r) = (0, 0, i);
+        for d in (0..bo.len()).rev() {
+            let j = r % bo[d];
+            r /= bo[d];
+            oa += j * sa[d];
+            ob += j * sb[d];
+        }
+        (oa, ob)
+    };
+    #[cfg(feature = "rayon")]
+    if batches > 1 && mn * k < PAR_GEMM_WORK && batches * mn * k >= PAR_GEMM_WORK {
+        use rayon::prelude::*;
+        return out.par_chunks_mut(mn).enumerate().try_for_each(|(i, o)| {
+            let (oa, ob) = offsets(i);
+            gemm_one(&ma, &mb, &a[oa..], &b[ob..], o, Parallelism::None)
+        });
+    }
+    let par = parallelism(mn * k);
+    for (i, o) in out.chunks_exact_mut(mn).enumerate() {
+        let (oa, ob) = offsets(i);
+        gemm_one(&ma, &mb, &a[oa..], &b[ob..], o, par)?;
+    }
+    Ok(())
+}
+
+fn parallelism(work: usize) -> Parallelism {
+    #[cfg(feature = "rayon")]
+    if work >= PAR_GEMM_WORK {
+        return Parallelism::Rayon(0);
+    }
+    let _ = work;
+    Parallelism::None
+}
+
+/// dst (row-major a.rows x b.cols) = a x b, overwriting dst.
+fn gemm_one<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par: Parallelism) -> Result<()> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if b.rows != k || dst.len() != m * n || lhs.len() < a.span() || rhs.len() < b.span() {
+        return Err(Error::backend("MatMul", "operand buffers are smaller than their shapes"));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if m * n * k <= SMALL_GEMM_WORK {
+        // Tiny products: a plain loop beats gemm's dispatch and packing.
+        for (i, row) in dst.chunks_exact_mut(n).enumerate() {
+            row.fill(T::ZERO);
+            for p in 0..k {
+                let x = lhs[i * a.rs + p * a.cs];
+                for (j, o) in row.iter_mut().enumerate() {
+                    *o = *o + x * rhs[p * b.rs + j * b.cs];
+                }
+            }
+        }
+        return Ok(());
+    }
+    // SAFETY: `gemm` reads lhs at i * a.rs + p * a.cs for i < m, p < k, which
+    // is below a.span() <= lhs.len(); likewise rhs at p * b.rs + j * b.cs <
+    // b.span() <= rhs.len(); and writes dst at i * n + j < m * n == dst.len().
+    // All three were checked just above. dst is a unique borrow, so it does
+    // not overlap lhs or rhs. read_dst = false with beta = 1 makes
+    // dst = lhs x rhs, overwriting whatever dst held. T is f32 or f64
+    // (`Float`), both of which gemm supports.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            rhs.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            T::ZERO,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use crate::dtype::DType;
+    use crate::op::Op;
+    use crate::shape::broadcast_shapes;
+
+    /// Naive reference: logical a [.., m, k], b [.., k, n] from stored data.
+    fn naive(ta: bool, tb: bool, a: &[f64], ad: &[usize], b: &[f64], bd: &[usize]) -> (Vec<f64>, Vec<usize>) {
+        let (ra, rb) = (ad.len(), bd.len());
+        let (m, k) = if ta { (ad[ra - 1], ad[ra - 2]) } else { (ad[ra - 2], ad[ra - 1]) };
+        let n = if tb { bd[rb - 2] } else { bd[rb - 1] };
+        let bo = broadcast_shapes(&ad[..ra - 2], &bd[..rb - 2]).unwrap();
+        let batches: usize = bo.iter().product();
+        let mut out = vec![0.0; batches * m * n];
+        for bi in 0..batches {
+            // Unravel bi into bo, then map to each operand's own batch index.
+            let mut idx = vec![0; bo.len()];
+            let mut r = bi;
+            for d in (0..bo.len()).rev() {
+                idx[d] = r % bo[d];
+                r /= bo[d];
+            }
+            let own = |dims: &[usize]| {
+                let bd = &dims[..dims.len() - 2];
+                let off = bo.len() - bd.len();
+                bd.iter().enumerate().fold(0, |acc, (d, &n)| acc * n + if n == 1 { 0 } else { idx[off + d] })
+            };
+            let (ba, bb) = (own(ad), own(bd));
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0.0;
+                    for p in 0..k {
+                        let x = if ta { a[ba * m * k + p * m + i] } else { a[ba * m * k + i * k + p] };
+                        let y = if tb { b[bb * k * n + j * k + p] } else { b[bb * k * n + p * n + j] };
+                        s += x * y;
+                    }
+                    out[bi * m * n + i * n + j] = s;
+                }
+            }
+        }
+        let mut od = bo.to_vec();
+        od.extend([m, n]);
+        (out, od)
+    }
+
+    fn check(ta: bool, tb: bool, ad: &[usize], bd: &[usize]) {
+        let na: usize = ad.iter().product();
+        let nb: usize = bd.iter().product();
+        let a: Vec<f64> = rand_f32(na, 3).into_iter().map(f64::from).collect();
+        let b: Vec<f64> = rand_f32(nb, 4).into_iter().map(f64::from).collect();
+        let (want, od) = naive(ta, tb, &a, ad, &b, bd);
+        let op = Op::MatMul { transpose_a: ta, transpose_b: tb };
+        let got = run_op(op, &[], &[(f64s(&a), ad), (f64s(&b), bd)], &od, DType::F64).unwrap().to_f64_vec();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-9, "{ta} {tb} {ad:?} {bd:?}");
+        }
+        // f32 too, with a looser tolerance.
+        let a32: Vec<f32> = a.iter().map(|&v| v as f32).collect();
+        let b32: Vec<f32> = b.iter().map(|&v| v as f32).collect();
+        let got = run_op(op, &[], &[(f32s(&a32), ad), (f32s(&b32), bd)], &od, DType::F32).unwrap().to_f64_vec();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-3 * (1.0 + w.abs()), "{ta} {tb} {ad:?} {bd:?}: {g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn all_transposes_and_batches() {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let sa = |m: usize, k: usize| if ta { [k, m] } else { [m, k] };
+            let sb = |k: usize, n: usize| if tb { [n, k] } else { [k, n] };
+            check(ta, tb, &sa(3, 4), &sb(4, 5));
+            check(ta, tb, &sa(1, 7), &sb(7, 1));
+            check(ta, tb, &sa(70, 65), &sb(65, 66)); // parallel GEMM
+            let (a2, b2) = (sa(2, 3), sb(3, 4));
+            check(ta, tb, &[2, a2[0], a2[1]], &[2, b2[0], b2[1]]);
+            check(ta, tb, &[4, 1, a2[0], a2[1]], &[3, b2[0], b2[1]]); // broadcast both
+            check(ta, tb, &[5, a2[0], a2[1]], &b2); // shared b (folds when !ta)
+            check(ta, tb, &a2, &[2, 2, b2[0], b2[1]]); // shared a
+            let (a3, b3) = (sa(20, 20), sb(20, 20));
+            check(ta, tb, &[40, a3[0], a3[1]], &[40, b3[0], b3[1]]); // parallel over batches
+        }
+    }
+
+    #[test]
+    fn empty_inner_dimension_gives_zeros() {
+        let op = Op::MatMul { transpose_a: false, transpose_b: false };
+        let r = run_op(op, &[], &[(f32s(&[]), &[2, 0]), (f32s(&[]), &[0, 3])], &[2, 3], DType::F32).unwrap();
+        assert_eq!(r, f32s(&[0.0; 6]));
+        assert!(
+            run_op(op, &[], &[(f32s(&[1.0; 6]), &[2, 3]), (f32s(&[1.0; 6]), &[2, 3])], &[2, 3], DType::F32).is_err()
+        );
+    }
+
+    #[test]
+    fn deterministic() {
+        let a = rand_f32(128 * 96, 1);
+        let b = rand_f32(96 * 80, 2);
+        let op = Op::MatMul { transpose_a: false, transpose_b: false };
+        let r1 = run_op(op, &[], &[(f32s(&a), &[128, 96]), (f32s(&b), &[96, 80])], &[128, 80], DType::F32).unwrap();
+        let r2 = run_op(op, &[], &[(f32s(&a), &[128, 96]), (f32s(&b), &[96, 80])], &[128, 80], DType::F32).unwrap();
+        assert_eq!(r1, r2);
+    }
+}
