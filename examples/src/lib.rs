@@ -1,1 +1,1 @@
-
+//! Runnable training programs: see `examples/` (`cargo run --release -p kiln-examples --example xor`).

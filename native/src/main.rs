@@ -117,7 +117,7 @@ fn train(args: TrainArgs) -> Result<()> {
         epochs: args.epochs.unwrap_or(if digits { 30 } else { 10 }),
         batch_size: args.batch_size.unwrap_or(if digits { 32 } else { 128 }),
         seed: args.seed,
-        lr_decay: if digits { 1.0 } else { 0.8 },
+        lr_decay: if digits { 0.93 } else { 0.8 },
     };
     println!(
         "kiln train: MLP {widths:?} ({} parameters) on {} ({} train / {} test), device {}",
