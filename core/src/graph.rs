@@ -9,6 +9,14 @@
 //!
 //! `Tensor<'g>` borrows the graph, so `Graph::reset(&mut self)` cannot run
 //! while any handle is alive: a stale handle is a compile error.
+//!
+//! ```compile_fail
+//! use kiln_core::{Device, Graph};
+//! let mut graph = Graph::new(&Device::cpu());
+//! let x = graph.tensor_from(&[1.0f32, 2.0], &[2]).unwrap();
+//! graph.reset(); // error[E0502]: `graph` is still borrowed by `x`
+//! let _ = x.exp();
+//! ```
 
 use std::cell::{Cell, RefCell};
 use std::panic::Location;
