@@ -1,0 +1,43 @@
+//! Helpers shared by the cross-crate test files.
+#![allow(dead_code)]
+
+use kiln::{Blocking, BlockingParam, Param, Tensor};
+
+/// Values of a float tensor as f64, whatever its float dtype.
+pub fn values(t: &Tensor<'_>) -> Vec<f64> {
+    kiln_read(t).unwrap_or_else(|e| panic!("reading {t:?} failed: {e}"))
+}
+
+fn kiln_read(t: &Tensor<'_>) -> kiln::Result<Vec<f64>> {
+    Ok(match t.dtype() {
+        kiln::DType::F32 => t.to_vec_blocking::<f32>()?.into_iter().map(f64::from).collect(),
+        kiln::DType::F64 => t.to_vec_blocking::<f64>()?,
+        kiln::DType::I32 => t.to_vec_blocking::<i32>()?.into_iter().map(f64::from).collect(),
+        kiln::DType::Bool => t.to_vec_blocking::<bool>()?.into_iter().map(|b| b as u8 as f64).collect(),
+    })
+}
+
+/// The gradient a tensor kept (leaf variable or `retain_grad`), as f64.
+pub fn grad_of(t: &Tensor<'_>) -> Vec<f64> {
+    let g = t.grad().unwrap_or_else(|| panic!("{t:?} kept no gradient"));
+    values(&g)
+}
+
+/// A parameter's accumulated gradient (panics when there is none).
+pub fn param_grad(p: &Param) -> Vec<f64> {
+    p.grad_blocking().expect("reading the gradient").expect("the parameter has a gradient").to_f64_vec()
+}
+
+pub fn param_value(p: &Param) -> Vec<f64> {
+    p.value_blocking().expect("reading the parameter").to_f64_vec()
+}
+
+/// Element-wise |a - e| <= tol * max(1, |e|), with a readable failure.
+#[track_caller]
+pub fn assert_close(actual: &[f64], expected: &[f64], tol: f64) {
+    assert_eq!(actual.len(), expected.len(), "length differs: got {actual:?}, expected {expected:?}");
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        let ok = (a - e).abs() <= tol * e.abs().max(1.0) || (a.is_nan() && e.is_nan());
+        assert!(ok, "element {i}: got {a}, expected {e} (tol {tol})\n  got      {actual:?}\n  expected {expected:?}");
+    }
+}
