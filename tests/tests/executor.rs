@@ -1,0 +1,278 @@
+//! The executor (DESIGN.md, "The graph" and "Autograd"): buffers are freed at
+//! their last use, saved-tensor pruning, iterative walks over huge graphs,
+//! laziness, stale parameters, run-to-run determinism.
+
+mod common;
+
+use common::{assert_close, grad_of, param_grad, values};
+use kiln::nn::{Activation, Module, Sequential};
+use kiln::optim::{Optimizer, Sgd};
+use kiln::prelude::*;
+use kiln::{BlockingParam, ErrorKind};
+
+/// Peak number of extra live buffers while realizing a `depth`-layer chain
+/// `y = tanh(y * c + 0.5)`, built by `make_input`.
+fn chain_peak(depth: usize, mode: &str) -> usize {
+    let device = Device::cpu();
+    let graph = Graph::new(&device);
+    let data: Vec<f32> = (0..16).map(|i| i as f32 / 16.0).collect();
+    let _guard = (mode == "no_grad").then(|| graph.no_grad());
+    let mut y = match mode {
+        "constant" => graph.tensor_from(&data, &[4, 4]).unwrap(),
+        _ => graph.variable(&data, &[4, 4]).unwrap(),
+    };
+    let c = graph.tensor_from(&[0.9f32], &[1]).unwrap();
+    for _ in 0..depth {
+        y = y.mul(c).unwrap().add(0.5).unwrap().tanh().unwrap();
+    }
+    assert_eq!(y.requires_grad(), mode == "grad");
+    let before = device.stats();
+    device.reset_peak();
+    graph.realize(&[y]).unwrap();
+    let after = device.stats();
+    // The result is correct (so the chain really ran).
+    let mut expected: Vec<f64> = data.iter().map(|&v| v as f64).collect();
+    for _ in 0..depth {
+        for v in expected.iter_mut() {
+            *v = (*v * 0.9f32 as f64 + 0.5).tanh();
+        }
+    }
+    assert_close(&values(&y), &expected, 1e-5);
+    after.peak_live_buffers - before.live_buffers
+}
+
+#[test]
+fn forward_peak_live_buffers_is_small_and_independent_of_depth() {
+    for mode in ["no_grad", "constant"] {
+        let shallow = chain_peak(10, mode);
+        let deep = chain_peak(100, mode);
+        assert_eq!(shallow, deep, "{mode}: peak grows with depth ({shallow} at 10 layers, {deep} at 100)");
+        // The output, the value being consumed, and a scalar constant.
+        assert!(deep <= 4, "{mode}: {deep} buffers live at once for a chain");
+    }
+}
+
+#[test]
+fn with_grad_the_saved_values_do_stay_alive() {
+    // The contrast that shows the measurement above can fail: tanh saves
+    // its output and mul its inputs for the backward pass.
+    let shallow = chain_peak(10, "grad");
+    let deep = chain_peak(100, "grad");
+    assert!(deep >= shallow + 90, "saved values should accumulate: {shallow} vs {deep}");
+}
+
+#[test]
+fn add_node_inputs_are_not_kept_for_backward() {
+    // y = a + b with a = x·2, b = x·3: Add's rule reads neither operand, so
+    // a and b are freed as soon as y is computed. The constants are leaves
+    // (made before the measurement) so that only the intermediates count.
+    fn extra_live(combine: for<'g> fn(Tensor<'g>, Tensor<'g>) -> Tensor<'g>) -> (usize, f64) {
+        let device = Device::cpu();
+        let graph = Graph::new(&device);
+        let x = graph.variable(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+        let two = graph.tensor_from(&[2.0f32], &[1]).unwrap();
+        let three = graph.tensor_from(&[3.0f32], &[1]).unwrap();
+        let a = x.mul(two).unwrap();
+        let b = x.mul(three).unwrap();
+        let y = combine(a, b);
+        let before = device.stats().live_buffers;
+        graph.realize(&[y]).unwrap();
+        let extra = device.stats().live_buffers - before;
+        y.sum_all().unwrap().backward().unwrap();
+        (extra, grad_of(&x).iter().sum())
+    }
+    let (extra, grad_sum) = extra_live(|a, b| a.add(b).unwrap());
+    assert_eq!(extra, 1, "only y stays live; a and b were freed");
+    assert_eq!(grad_sum, 15.0, "d(2x + 3x)/dx = 5 per element");
+    // Control: Mul's rule reads both operands, so they stay.
+    let (extra, grad_sum) = extra_live(|a, b| a.mul(b).unwrap());
+    assert_eq!(extra, 3, "y plus the saved a and b");
+    // d(6x²)/dx = 12x at 1, 2, 3.
+    assert_eq!(grad_sum, 72.0);
+}
+
+#[test]
+fn saved_values_are_released_by_the_backward_pass() {
+    let device = Device::cpu();
+    let base = device.stats().live_buffers;
+    let graph = Graph::new(&device);
+    let x = graph.variable(&[0.5f32; 8], &[8]).unwrap();
+    let mut y = x;
+    for _ in 0..50 {
+        y = y.tanh().unwrap();
+    }
+    let loss = y.sum_all().unwrap();
+    loss.backward().unwrap();
+    // Live: x, its gradient, the loss (and at most a couple of constants),
+    // not the 50 saved tanh outputs.
+    let live = device.stats().live_buffers - base;
+    assert!(live <= 5, "{live} buffers still live after backward");
+    drop(graph);
+    assert_eq!(device.stats().live_buffers, base, "dropping the graph returns every buffer");
+}
+
+#[test]
+fn chain_of_100_000_nodes_builds_runs_and_differentiates() {
+    // Run on a thread with a deliberately small stack: any recursive walk
+    // over the graph would overflow it.
+    let handle = std::thread::Builder::new()
+        .stack_size(1024 * 1024)
+        .spawn(|| {
+            let device = Device::cpu();
+            let graph = Graph::new(&device);
+            let x = graph.variable(&[1.0f64], &[1]).unwrap();
+            let c = graph.tensor_from(&[0.99999f64], &[1]).unwrap();
+            let d = graph.tensor_from(&[0.001f64], &[1]).unwrap();
+            let mut y = x;
+            for _ in 0..50_000 {
+                y = y.mul(c).unwrap().add(d).unwrap();
+            }
+            assert!(graph.len() >= 100_000);
+            let value = y.item_blocking().unwrap();
+            y.backward().unwrap();
+            let grad = grad_of(&x)[0];
+            let (mut expected, mut dydx) = (1.0f64, 1.0f64);
+            for _ in 0..50_000 {
+                expected = expected * 0.99999 + 0.001;
+                dydx *= 0.99999;
+            }
+            assert_close(&[value], &[expected], 1e-9);
+            assert_close(&[grad], &[dydx], 1e-9);
+            // Second order over the whole chain works too (all iterative).
+            let graph2 = Graph::new(&device);
+            let x = graph2.variable(&[0.3f64], &[1]).unwrap();
+            let mut y = x;
+            for _ in 0..50_000 {
+                y = y.mul(1.0).unwrap();
+            }
+            let y = y.mul(x).unwrap();
+            let g = graph2.grad(y, &[x], None).unwrap()[0];
+            let g2 = graph2.grad(g, &[x], None).unwrap()[0];
+            assert_close(&values(&g2), &[2.0], 1e-12);
+        })
+        .unwrap();
+    handle.join().expect("the 100,000-node chain must not overflow the stack");
+}
+
+#[test]
+fn lazy_evaluation_runs_only_what_the_read_needs() {
+    let device = Device::cpu();
+    let graph = Graph::new(&device);
+    let x = graph.tensor_from(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    // A branch that would fail if it ran (index 9 is out of range) ...
+    let bad = x.index_select(0, graph.tensor_from(&[9i32], &[1]).unwrap()).unwrap();
+    // ... and one that would need a big buffer.
+    let big = graph.full(&[1 << 20], 1.0, DType::F32).unwrap().exp().unwrap();
+    let wanted = x.add(1.0).unwrap();
+    let before = device.stats();
+    device.reset_peak();
+    assert_eq!(wanted.to_vec_blocking::<f32>().unwrap(), vec![2.0, 3.0, 4.0]);
+    let after = device.stats();
+    // The result and the constant 1.0, nothing else.
+    assert!(after.peak_live_buffers - before.live_buffers <= 2, "{before:?} -> {after:?}");
+    assert!(after.backend_allocations - before.backend_allocations <= 2, "{before:?} -> {after:?}");
+    // Nothing runs at build time either: the failing branch fails on its read.
+    assert!(bad.to_vec_blocking::<f32>().is_err());
+    assert_eq!(big.dims().as_slice(), &[1 << 20]);
+}
+
+#[test]
+fn building_nodes_runs_nothing() {
+    let device = Device::cpu();
+    let graph = Graph::new(&device);
+    let x = graph.tensor_from(&[1.0f32; 4], &[4]).unwrap();
+    let before = device.stats();
+    let mut y = x;
+    for _ in 0..20 {
+        y = y.exp().unwrap().log().unwrap();
+    }
+    assert_eq!(device.stats(), before, "no buffer is taken until something is read");
+    assert_close(&values(&y), &[1.0; 4], 1e-5);
+}
+
+#[test]
+fn reading_a_stale_value_after_an_optimizer_step_is_a_clear_error() {
+    let device = Device::cpu();
+    let p = Param::new(&device, "w", &[1.0f32, 2.0], &[2]).unwrap();
+    let mut sgd = Sgd::new(vec![p.clone()], 0.1).unwrap();
+    let graph = Graph::new(&device);
+    let w = graph.param(&p).unwrap();
+    let h = w.mul(w).unwrap();
+    let loss = h.sin().unwrap().sum_all().unwrap();
+    let unread = w.mul(10.0).unwrap();
+    loss.backward().unwrap();
+    sgd.step().unwrap();
+    // The loss was realized by backward: still readable.
+    let expected = (1.0f64).sin() + (4.0f64).sin();
+    assert_close(&[loss.item_blocking().unwrap()], &[expected], 1e-6);
+    // `unread` must be computed from the updated parameter: refused.
+    let err = unread.to_vec_blocking::<f32>().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.message().contains("was updated"), "{err}");
+    assert!(err.message().contains("'w'"), "the message names the parameter: {err}");
+    // A new graph sees the new value.
+    let graph = Graph::new(&device);
+    let w = graph.param(&p).unwrap();
+    let g: Vec<f64> = [1.0f64, 2.0].iter().map(|w| 2.0 * w * (w * w).cos()).collect();
+    let updated: Vec<f64> = [1.0f64, 2.0].iter().zip(&g).map(|(w, g)| w - 0.1 * g).collect();
+    assert_close(&values(&w.mul(10.0).unwrap()), &updated.iter().map(|v| v * 10.0).collect::<Vec<_>>(), 1e-5);
+    assert_close(&p.value_blocking().unwrap().to_f64_vec(), &updated, 1e-6);
+}
+
+/// Forward and backward of a seeded MLP on fixed data: the loss and every
+/// gradient, as raw bits.
+fn mlp_run(device: &Device) -> (u32, Vec<Vec<u32>>) {
+    let model = Sequential::mlp(device, &[16, 64, 64, 4], Activation::Gelu, 3).unwrap();
+    let graph = Graph::new(device);
+    let mut rng = kiln::rng::SplitMix64::new(5);
+    let xs: Vec<f32> = (0..32 * 16).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+    let labels: Vec<i32> = (0..32).map(|i| i % 4).collect();
+    let x = graph.tensor_from(&xs, &[32, 16]).unwrap();
+    let y = graph.tensor_from(&labels, &[32]).unwrap();
+    let loss = cross_entropy(model.forward(x).unwrap(), y).unwrap();
+    loss.backward().unwrap();
+    let loss_bits = (loss.item_blocking().unwrap() as f32).to_bits();
+    let grads = model
+        .parameters()
+        .iter()
+        .map(|p| match p.grad_blocking().unwrap().unwrap() {
+            HostData::F32(v) => v.iter().map(|g| g.to_bits()).collect(),
+            other => panic!("f32 model, got {:?}", other.dtype()),
+        })
+        .collect();
+    (loss_bits, grads)
+}
+
+#[test]
+fn results_are_bit_identical_run_after_run() {
+    let device = Device::cpu();
+    let first = mlp_run(&device);
+    let second = mlp_run(&device);
+    // And on a fresh device (a different pool state).
+    let third = mlp_run(&Device::cpu());
+    assert_eq!(first, second);
+    assert_eq!(first, third);
+    assert!(first.1.iter().flatten().any(|&b| f32::from_bits(b) != 0.0));
+}
+
+#[test]
+fn graph_reset_returns_every_intermediate_buffer() {
+    let device = Device::cpu();
+    let p = Param::new(&device, "p", &[1.0f32; 6], &[2, 3]).unwrap();
+    let base = device.stats().live_buffers;
+    let mut graph = Graph::new(&device);
+    for step in 0..3 {
+        graph.reset();
+        let w = graph.param(&p).unwrap();
+        let x = graph.tensor_from(&[0.5f32; 6], &[2, 3]).unwrap();
+        let loss = w.mul(x).unwrap().exp().unwrap().sum_all().unwrap();
+        loss.backward().unwrap();
+        assert!(device.stats().live_buffers > base);
+        assert_close(&param_grad(&p), &vec![0.5 * 0.5f64.exp() * (step + 1) as f64; 6], 1e-5);
+    }
+    graph.reset();
+    // Only the accumulated gradient remains beyond the parameter itself.
+    assert_eq!(device.stats().live_buffers, base + 1);
+    p.zero_grad();
+    assert_eq!(device.stats().live_buffers, base);
+}
