@@ -4,7 +4,9 @@
 //!
 //! Which values survive an execution:
 //! - leaves (uploaded inputs, parameters) always — they cannot be recomputed;
-//! - the requested targets;
+//! - the requested targets, and values the user asked for earlier
+//!   (`realize`, reads: flag `REQUESTED`), so that a value read before an
+//!   optimizer step stays readable after it;
 //! - values a gradient rule will read (`SAVED`), until a backward pass has
 //!   consumed the graph;
 //! - values already computed that this execution does not consume.
@@ -34,7 +36,17 @@ impl Graph {
                 Ok(t.id)
             })
             .collect::<Result<_>>()?;
-        self.realize_ids(&ids)
+        self.realize_ids(&ids)?;
+        self.mark_requested(&ids);
+        Ok(())
+    }
+
+    /// Keep values the user asked for alive through later executions.
+    fn mark_requested(&self, ids: &[NodeId]) {
+        let mut state = self.state.borrow_mut();
+        for &id in ids {
+            state.nodes[id as usize].flags |= flags::REQUESTED;
+        }
     }
 
     pub(crate) fn realize_ids(&self, targets: &[NodeId]) -> Result<()> {
@@ -135,7 +147,7 @@ impl Graph {
                 let n = state.nodes[input];
                 let pinned = n.op.is_leaf()
                     || (keep_saved && n.flags & flags::SAVED != 0)
-                    || n.flags & flags::RETAIN_GRAD != 0;
+                    || n.flags & (flags::RETAIN_GRAD | flags::REQUESTED) != 0;
                 if pinned {
                     continue;
                 }
@@ -155,6 +167,7 @@ impl Graph {
     /// Read a tensor's values to the host (computing them first).
     pub(crate) async fn read_node(&self, id: NodeId) -> Result<HostData> {
         self.realize_ids(&[id])?;
+        self.mark_requested(&[id]);
         let (buffer, dtype, len) = {
             let state = self.state.borrow();
             let node = state.nodes[id as usize];

@@ -54,6 +54,10 @@ pub(crate) mod flags {
     pub const RETAIN_GRAD: u8 = 4;
     /// A leaf made with `Graph::variable`: its gradient is kept.
     pub const VARIABLE: u8 = 8;
+    /// The user asked for this value (`realize`, `to_vec`, `item`): later
+    /// executions that consume it do not free it, so a value read before an
+    /// optimizer step stays readable after it.
+    pub const REQUESTED: u8 = 16;
 }
 
 /// One node: what it computes and what it looks like. Plain `Copy` data.

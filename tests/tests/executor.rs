@@ -219,6 +219,37 @@ fn reading_a_stale_value_after_an_optimizer_step_is_a_clear_error() {
     assert_close(&p.value_blocking().unwrap().to_f64_vec(), &updated, 1e-6);
 }
 
+#[test]
+fn a_value_read_before_backward_stays_readable_after_the_optimizer_step() {
+    // The stale-value error says "read the values you need before the
+    // optimizer step": doing exactly that must work, even though backward
+    // consumed the value (it used to free it, and the later read tried to
+    // recompute it from the updated parameter).
+    let device = Device::cpu();
+    let p = Param::new(&device, "w", &[1.0f32, 2.0], &[1, 2]).unwrap();
+    let mut sgd = Sgd::new(vec![p.clone()], 0.1).unwrap();
+    let graph = Graph::new(&device);
+    let x = graph.tensor_from(&[1.0f32, 1.0], &[1, 2]).unwrap();
+    let logits = x.mul(graph.param(&p).unwrap()).unwrap();
+    let hidden = logits.exp().unwrap();
+    assert_eq!(logits.to_vec_blocking::<f32>().unwrap(), vec![1.0, 2.0]);
+    graph.realize(&[hidden]).unwrap();
+    let loss = hidden.sum_all().unwrap();
+    loss.backward().unwrap();
+    sgd.step().unwrap();
+    assert_eq!(logits.to_vec_blocking::<f32>().unwrap(), vec![1.0, 2.0]);
+    assert_close(&values(&hidden), &[1f64.exp(), 2f64.exp()], 1e-6);
+    // Values never asked for are still freed by backward and refused after
+    // the step (nothing silently mixes parameter versions).
+    let graph = Graph::new(&device);
+    let x = graph.tensor_from(&[1.0f32, 1.0], &[1, 2]).unwrap();
+    let logits = x.mul(graph.param(&p).unwrap()).unwrap();
+    logits.exp().unwrap().sum_all().unwrap().backward().unwrap();
+    sgd.step().unwrap();
+    let err = logits.to_vec_blocking::<f32>().unwrap_err();
+    assert!(err.message().contains("was updated"), "{err}");
+}
+
 /// Forward and backward of a seeded MLP on fixed data: the loss and every
 /// gradient, as raw bits.
 fn mlp_run(device: &Device) -> (u32, Vec<Vec<u32>>) {
