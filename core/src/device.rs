@@ -76,10 +76,7 @@ impl Device {
     pub fn from_backend(backend: impl Backend + 'static) -> Device {
         Device(Rc::new(DeviceShared {
             backend: Box::new(backend),
-            pool: RefCell::new(BufferPool {
-                free: vec![Vec::new(); DTYPES * BUCKETS],
-                stats: PoolStats::default(),
-            }),
+            pool: RefCell::new(BufferPool { free: vec![Vec::new(); DTYPES * BUCKETS], stats: PoolStats::default() }),
         }))
     }
 

@@ -112,11 +112,7 @@ macro_rules! element {
                     HostData::$variant(v) => Ok(v),
                     other => Err(Error::dtype(
                         "read",
-                        format!(
-                            "tensor holds {} but {} was requested",
-                            other.dtype(),
-                            DType::$variant
-                        ),
+                        format!("tensor holds {} but {} was requested", other.dtype(), DType::$variant),
                     )),
                 }
             }

@@ -74,18 +74,28 @@ pub enum Op {
     /// Every element equals the value.
     Full(f64),
     /// start, start + step, ... (length is the node's shape).
-    Arange { start: f64, step: f64 },
+    Arange {
+        start: f64,
+        step: f64,
+    },
     Unary(UnaryOp),
     Binary(BinaryOp),
     Compare(CompareOp),
     /// where(cond, a, b), broadcasting all three.
     Where,
     Cast(DType),
-    Reduce { op: ReduceOp, axes: AxisSet, keepdim: bool },
+    Reduce {
+        op: ReduceOp,
+        axes: AxisSet,
+        keepdim: bool,
+    },
     /// Batched matrix product over the last two axes, batch axes broadcast.
     /// The flags read an operand transposed (free with strided GEMM); gradient
     /// rules use them so that no transpose is ever materialised.
-    MatMul { transpose_a: bool, transpose_b: bool },
+    MatMul {
+        transpose_a: bool,
+        transpose_b: bool,
+    },
     /// Same elements, new shape (the node's shape).
     Reshape,
     /// Axes reordered: attrs hold the permutation.
@@ -97,12 +107,18 @@ pub enum Op {
     /// The adjoint of Slice: zeros of the node's shape with the input written
     /// at the sliced positions. attrs as for Slice.
     SliceBackward(AttrRange),
-    Concat { axis: u8 },
+    Concat {
+        axis: u8,
+    },
     /// Gather slices along `axis` at the positions of an i32 index vector.
-    IndexSelect { axis: u8 },
+    IndexSelect {
+        axis: u8,
+    },
     /// scatter_add(dest, index, source): dest with source's slices added at
     /// the index positions along `axis` (the adjoint of IndexSelect).
-    ScatterAdd { axis: u8 },
+    ScatterAdd {
+        axis: u8,
+    },
 }
 
 impl UnaryOp {

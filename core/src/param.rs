@@ -171,10 +171,7 @@ impl Param {
             Some(old) => {
                 let sum = device.take_buffer(dtype, len)?;
                 let dims = &self.0.dims;
-                let inputs = [
-                    TensorRef { buffer: old, dims, dtype },
-                    TensorRef { buffer, dims, dtype },
-                ];
+                let inputs = [TensorRef { buffer: old, dims, dtype }, TensorRef { buffer, dims, dtype }];
                 let call = KernelCall {
                     op: Op::Binary(BinaryOp::Add),
                     attrs: &[],

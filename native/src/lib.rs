@@ -39,7 +39,9 @@ pub mod train;
 /// Everything a training program usually needs.
 pub mod prelude {
     pub use crate::Blocking;
-    pub use kiln_core::nn::{cross_entropy, cross_entropy_probs, mse_loss, nll_loss, Activation, Linear, Module, Sequential};
+    pub use kiln_core::nn::{
+        cross_entropy, cross_entropy_probs, mse_loss, nll_loss, Activation, Linear, Module, Sequential,
+    };
     pub use kiln_core::optim::{Adam, Optimizer, Sgd};
     pub use kiln_core::{DType, Device, Error, Graph, HostData, Param, Result, SliceSpec, Tensor};
 }

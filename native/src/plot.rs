@@ -42,20 +42,13 @@ fn ensure_font() -> Result<(), String> {
 /// Points with both coordinates finite (a diverged run may log NaN/inf
 /// losses; they are left out rather than wrecking the axis ranges).
 fn finite(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    points
-        .iter()
-        .copied()
-        .filter(|(x, y)| x.is_finite() && y.is_finite())
-        .collect()
+    points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect()
 }
 
 /// `(min, max)` of the y values, widened so the range is never empty.
 fn y_range(points: &[(f64, f64)]) -> (f64, f64) {
-    let (mut lo, mut hi) = points
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &(_, y)| {
-            (lo.min(y), hi.max(y))
-        });
+    let (mut lo, mut hi) =
+        points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &(_, y)| (lo.min(y), hi.max(y)));
     if !lo.is_finite() || !hi.is_finite() {
         return (0.0, 1.0);
     }
@@ -90,12 +83,7 @@ pub fn write_training_curves(
     test_accuracy_per_epoch: &[(f64, f64)],
 ) -> Result<(), String> {
     ensure_font()?;
-    let fail = |e: &dyn std::fmt::Display| {
-        format!(
-            "plot: could not draw training curves into {}: {e}",
-            path.display()
-        )
-    };
+    let fail = |e: &dyn std::fmt::Display| format!("plot: could not draw training curves into {}: {e}", path.display());
 
     let loss = finite(loss_per_step);
     let mut acc = finite(test_accuracy_per_epoch);
@@ -119,11 +107,7 @@ pub fn write_training_curves(
     {
         let (lo, hi) = y_range(&loss);
         let pad = (hi - lo) * 0.05;
-        let y_lo = if lo >= 0.0 {
-            (lo - pad).max(0.0)
-        } else {
-            lo - pad
-        };
+        let y_lo = if lo >= 0.0 { (lo - pad).max(0.0) } else { lo - pad };
         let mut chart = ChartBuilder::on(&panels[0])
             .caption("Training loss", (FONT, 20))
             .margin(12)
@@ -145,9 +129,7 @@ pub fn write_training_curves(
         if loss.is_empty() {
             draw_no_data(&panels[0]).map_err(|e| fail(&e))?;
         } else {
-            chart
-                .draw_series(LineSeries::new(loss.iter().copied(), BLUE.stroke_width(2)))
-                .map_err(|e| fail(&e))?;
+            chart.draw_series(LineSeries::new(loss.iter().copied(), BLUE.stroke_width(2))).map_err(|e| fail(&e))?;
         }
     }
 
@@ -157,11 +139,7 @@ pub fn write_training_curves(
         let y_hi = 100.0_f64.max(acc.iter().map(|p| p.1).fold(0.0, f64::max));
         // Zoom in on the interesting band: from a round 10 % below the
         // lowest accuracy up to 100 %.
-        let y_lo = if acc.is_empty() {
-            0.0
-        } else {
-            ((lo - 5.0) / 10.0).floor().max(0.0) * 10.0
-        };
+        let y_lo = if acc.is_empty() { 0.0 } else { ((lo - 5.0) / 10.0).floor().max(0.0) * 10.0 };
         let mut chart = ChartBuilder::on(&panels[1])
             .caption("Test accuracy", (FONT, 20))
             .margin(12)
@@ -185,27 +163,18 @@ pub fn write_training_curves(
             draw_no_data(&panels[1]).map_err(|e| fail(&e))?;
         } else {
             let red = RGBColor(200, 40, 40);
-            chart
-                .draw_series(LineSeries::new(acc.iter().copied(), red.stroke_width(2)))
-                .map_err(|e| fail(&e))?;
-            chart
-                .draw_series(
-                    acc.iter()
-                        .map(|&(x, y)| Circle::new((x, y), 4, red.filled())),
-                )
-                .map_err(|e| fail(&e))?;
+            chart.draw_series(LineSeries::new(acc.iter().copied(), red.stroke_width(2))).map_err(|e| fail(&e))?;
+            chart.draw_series(acc.iter().map(|&(x, y)| Circle::new((x, y), 4, red.filled()))).map_err(|e| fail(&e))?;
             // Label the last value: the number people look for.
             if let Some(&(x, y)) = acc.last() {
                 chart
                     .draw_series(std::iter::once(Text::new(
                         format!("{y:.2}%"),
                         (x, y),
-                        (FONT, 15).into_font().color(&red).pos(
-                            plotters::style::text_anchor::Pos::new(
-                                plotters::style::text_anchor::HPos::Right,
-                                plotters::style::text_anchor::VPos::Bottom,
-                            ),
-                        ),
+                        (FONT, 15).into_font().color(&red).pos(plotters::style::text_anchor::Pos::new(
+                            plotters::style::text_anchor::HPos::Right,
+                            plotters::style::text_anchor::VPos::Bottom,
+                        )),
                     )))
                     .map_err(|e| fail(&e))?;
             }
@@ -243,24 +212,15 @@ mod tests {
         let loss: Vec<(f64, f64)> = (0..steps_per_epoch * epochs)
             .map(|s| {
                 let t = s as f64 / steps_per_epoch as f64;
-                (
-                    t,
-                    2.3 * (-1.2 * t).exp() + 0.08 + 0.05 * ((s * 7919) % 13) as f64 / 13.0,
-                )
+                (t, 2.3 * (-1.2 * t).exp() + 0.08 + 0.05 * ((s * 7919) % 13) as f64 / 13.0)
             })
             .collect();
-        let acc: Vec<(f64, f64)> = (1..=epochs)
-            .map(|e| (e as f64, 0.97 - 0.4 * (-(e as f64)).exp()))
-            .collect();
+        let acc: Vec<(f64, f64)> = (1..=epochs).map(|e| (e as f64, 0.97 - 0.4 * (-(e as f64)).exp())).collect();
         let path = tmp_png("curves.png");
         write_training_curves(&path, "MNIST MLP — training curves", &loss, &acc).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
-        assert!(
-            bytes.len() > 10_000,
-            "PNG suspiciously small: {} bytes",
-            bytes.len()
-        );
+        assert!(bytes.len() > 10_000, "PNG suspiciously small: {} bytes", bytes.len());
         std::fs::remove_file(&path).unwrap();
     }
 
@@ -269,13 +229,7 @@ mod tests {
         let path = tmp_png("empty.png");
         write_training_curves(&path, "empty", &[], &[]).unwrap();
         let path = tmp_png("flat.png");
-        write_training_curves(
-            &path,
-            "flat",
-            &[(0.0, 1.0), (1.0, 1.0), (2.0, f64::NAN)],
-            &[(1.0, 0.5)],
-        )
-        .unwrap();
+        write_training_curves(&path, "flat", &[(0.0, 1.0), (1.0, 1.0), (2.0, f64::NAN)], &[(1.0, 0.5)]).unwrap();
         assert!(std::fs::metadata(&path).unwrap().len() > 1000);
         std::fs::remove_file(tmp_png("empty.png")).unwrap();
         std::fs::remove_file(&path).unwrap();

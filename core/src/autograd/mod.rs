@@ -91,8 +91,7 @@ fn build_gradients(graph: &Graph, root: NodeId, seed: NodeId) -> Result<Vec<Opti
             .map(|(k, &i)| graph.node(i).flags & flags::REQUIRES_GRAD != 0 && rules::differentiable_input(&node.op, k))
             .collect();
         let attrs = graph.attrs_of(&node.op);
-        let input_grads =
-            rules::input_gradients(node.op, &attrs, &inputs, graph.tensor(id), graph.tensor(g), &needs)?;
+        let input_grads = rules::input_gradients(node.op, &attrs, &inputs, graph.tensor(id), graph.tensor(g), &needs)?;
         for (k, contribution) in input_grads.into_iter().enumerate() {
             let Some(c) = contribution else { continue };
             if !needs[k] {
@@ -243,7 +242,12 @@ impl Graph {
     /// this graph that are themselves differentiable (higher order: take the
     /// `grad` of a gradient). Nothing is accumulated anywhere and the graph
     /// is not consumed. A `wrt` tensor the root does not depend on gets zeros.
-    pub fn grad<'g>(&'g self, root: Tensor<'g>, wrt: &[Tensor<'g>], seed: Option<Tensor<'g>>) -> Result<Vec<Tensor<'g>>> {
+    pub fn grad<'g>(
+        &'g self,
+        root: Tensor<'g>,
+        wrt: &[Tensor<'g>],
+        seed: Option<Tensor<'g>>,
+    ) -> Result<Vec<Tensor<'g>>> {
         check_root("grad", &root)?;
         check_seed("grad", &root, seed)?;
         for w in wrt {

@@ -74,19 +74,14 @@ pub(crate) fn unbroadcast<'g>(t: Tensor<'g>, dims: &[usize]) -> Result<Tensor<'g
         return Ok(t);
     }
     let extra = from.len() - dims.len();
-    let axes: Vec<isize> = (0..from.len())
-        .filter(|&i| i < extra || (dims[i - extra] == 1 && from[i] != 1))
-        .map(|i| i as isize)
-        .collect();
+    let axes: Vec<isize> =
+        (0..from.len()).filter(|&i| i < extra || (dims[i - extra] == 1 && from[i] != 1)).map(|i| i as isize).collect();
     let summed = if axes.is_empty() { t } else { t.sum(&axes, true)? };
     summed.reshape_to(dims)
 }
 
 /// Build the gradient of each input that `needs` asks for.
-fn per_input<'g>(
-    needs: &[bool],
-    mut rule: impl FnMut(usize) -> Result<Tensor<'g>>,
-) -> Result<InputGrads<'g>> {
+fn per_input<'g>(needs: &[bool], mut rule: impl FnMut(usize) -> Result<Tensor<'g>>) -> Result<InputGrads<'g>> {
     needs.iter().enumerate().map(|(i, &need)| if need { rule(i).map(Some) } else { Ok(None) }).collect()
 }
 

@@ -5,8 +5,8 @@
 //! order or in an order shuffled per epoch.
 
 use super::Dataset;
-pub use crate::rng::SplitMix64;
 use crate::error::{Error, Result};
+pub use crate::rng::SplitMix64;
 
 /// Shuffle `items` in place (Fisher–Yates): every order is equally likely.
 pub fn shuffle<T>(items: &mut [T], rng: &mut SplitMix64) {
@@ -49,29 +49,15 @@ impl Dataset {
     /// `Some(seed)` they come in a random order fixed by `(seed, epoch)`:
     /// the same pair always gives the same order, another epoch another one.
     /// Either way each sample appears exactly once per epoch.
-    pub fn batches(
-        &self,
-        batch_size: usize,
-        shuffle_seed: Option<u64>,
-        epoch: u64,
-    ) -> Result<Batches<'_>> {
+    pub fn batches(&self, batch_size: usize, shuffle_seed: Option<u64>, epoch: u64) -> Result<Batches<'_>> {
         if batch_size == 0 {
-            return Err(Error::invalid(
-                "Dataset::batches",
-                "batch_size must be at least 1",
-            ));
+            return Err(Error::invalid("Dataset::batches", "batch_size must be at least 1"));
         }
         let mut order: Vec<usize> = (0..self.len).collect();
         if let Some(seed) = shuffle_seed {
             shuffle(&mut order, &mut SplitMix64::for_stream(seed, epoch));
         }
-        Ok(Batches {
-            dataset: self,
-            order,
-            batch_size,
-            pos: 0,
-            drop_last: false,
-        })
+        Ok(Batches { dataset: self, order, batch_size, pos: 0, drop_last: false })
     }
 }
 
@@ -115,11 +101,7 @@ impl Iterator for Batches<'_> {
             images.extend_from_slice(&d.images[i * d.features..(i + 1) * d.features]);
             labels.push(d.labels[i]);
         }
-        Some(Batch {
-            images,
-            labels,
-            len: indices.len(),
-        })
+        Some(Batch { images, labels, len: indices.len() })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -164,14 +146,7 @@ mod tests {
         // Reference outputs of the published SplitMix64 for seed 1234567.
         let mut r = SplitMix64::new(1234567);
         let got: Vec<u64> = (0..3).map(|_| r.next_u64()).collect();
-        assert_eq!(
-            got,
-            [
-                6457827717110365317,
-                3203168211198807973,
-                9817491932198370423
-            ]
-        );
+        assert_eq!(got, [6457827717110365317, 3203168211198807973, 9817491932198370423]);
         let mut r = SplitMix64::new(0);
         assert_eq!(r.next_u64(), 0xE220_A839_7B1D_CDAF);
     }
@@ -234,14 +209,7 @@ mod tests {
         // Batch larger than the dataset: one partial batch, or none.
         assert_eq!(d.batches(500, None, 0).unwrap().count(), 1);
         assert_eq!(d.batches(500, None, 0).unwrap().drop_last(true).count(), 0);
-        assert_eq!(
-            d.subset(0..0)
-                .unwrap()
-                .batches(4, Some(1), 0)
-                .unwrap()
-                .count(),
-            0
-        );
+        assert_eq!(d.subset(0..0).unwrap().batches(4, Some(1), 0).unwrap().count(), 0);
         assert!(d.batches(0, None, 0).is_err());
     }
 
@@ -254,10 +222,7 @@ mod tests {
         assert_ne!(order(1, 0), order(1, 1));
         assert_ne!(order(1, 0), order(2, 0));
         assert_ne!(order(1, 0), (0..64).collect::<Vec<_>>());
-        assert_eq!(
-            d.batches(8, Some(1), 3).unwrap().order(),
-            order(1, 3).as_slice()
-        );
+        assert_eq!(d.batches(8, Some(1), 3).unwrap().order(), order(1, 3).as_slice());
         // Consecutive epochs are not shifted copies of one stream.
         let (a, b) = (order(4, 0), order(4, 1));
         assert_ne!(a[1..], b[..63]);

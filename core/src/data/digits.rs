@@ -29,8 +29,7 @@ pub fn parse_digits_csv(bytes: &[u8]) -> Result<Dataset> {
     const OP: &str = "parse_digits_csv";
     const WHAT: &str = "digits CSV";
     let bytes = maybe_gunzip(bytes, OP, WHAT)?;
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|e| Error::io(OP, format!("{WHAT}: not UTF-8 text ({e})")))?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| Error::io(OP, format!("{WHAT}: not UTF-8 text ({e})")))?;
 
     let mut images = Vec::with_capacity(DIGITS_LEN * DIGITS_FEATURES);
     let mut labels = Vec::with_capacity(DIGITS_LEN);
@@ -51,11 +50,7 @@ pub fn parse_digits_csv(bytes: &[u8]) -> Result<Dataset> {
         }
         let number = |col: usize, max: u32| -> Result<u32> {
             let field = fields[col];
-            let what = if col == DIGITS_FEATURES {
-                "label"
-            } else {
-                "pixel"
-            };
+            let what = if col == DIGITS_FEATURES { "label" } else { "pixel" };
             let v: u32 = field.parse().map_err(|_| {
                 Error::io(
                     OP,
@@ -65,10 +60,7 @@ pub fn parse_digits_csv(bytes: &[u8]) -> Result<Dataset> {
             if v > max {
                 return Err(Error::io(
                     OP,
-                    format!(
-                        "{WHAT} line {lineno}, column {}: {what} {v} is out of range 0..={max}",
-                        col + 1
-                    ),
+                    format!("{WHAT} line {lineno}, column {}: {what} {v} is out of range 0..={max}", col + 1),
                 ));
             }
             Ok(v)
@@ -161,39 +153,19 @@ mod tests {
 
     #[test]
     fn parse_errors_name_line_and_problem() {
-        let err = |csv: String| {
-            parse_digits_csv(csv.as_bytes())
-                .unwrap_err()
-                .message()
-                .to_string()
-        };
+        let err = |csv: String| parse_digits_csv(csv.as_bytes()).unwrap_err().message().to_string();
         let m = err(format!("{}\n{}\n", line("1", "1"), line("17", "1")));
-        assert!(
-            m.contains("line 2, column 6: pixel 17 is out of range 0..=16"),
-            "{m}"
-        );
+        assert!(m.contains("line 2, column 6: pixel 17 is out of range 0..=16"), "{m}");
         let m = err(line("1", "10"));
-        assert!(
-            m.contains("line 1, column 65: label 10 is out of range 0..=9"),
-            "{m}"
-        );
+        assert!(m.contains("line 1, column 65: label 10 is out of range 0..=9"), "{m}");
         let m = err(line("x", "1"));
-        assert!(
-            m.contains("pixel \"x\" is not a non-negative integer"),
-            "{m}"
-        );
+        assert!(m.contains("pixel \"x\" is not a non-negative integer"), "{m}");
         let m = err(line("-1", "1"));
         assert!(m.contains("column 6"), "{m}");
         let m = err("1,2,3\n".to_string());
-        assert!(
-            m.contains("line 1: expected 65 comma-separated values") && m.contains("found 3"),
-            "{m}"
-        );
+        assert!(m.contains("line 1: expected 65 comma-separated values") && m.contains("found 3"), "{m}");
         assert!(err(String::new()).contains("no samples"));
-        let m = parse_digits_csv(&DIGITS_CSV_GZ[..1000])
-            .unwrap_err()
-            .message()
-            .to_string();
+        let m = parse_digits_csv(&DIGITS_CSV_GZ[..1000]).unwrap_err().message().to_string();
         assert!(m.contains("gzip"), "{m}");
     }
 }

@@ -31,8 +31,8 @@ pub struct IdxArray {
 
 /// Read an IDX file (gzipped or raw).
 pub fn read_idx(path: &Path) -> Result<IdxArray> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::io("read_idx", format!("cannot read {}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::io("read_idx", format!("cannot read {}: {e}", path.display())))?;
     decode(&bytes, &path.display().to_string())
 }
 
@@ -61,10 +61,7 @@ fn decode(bytes: &[u8], what: &str) -> Result<IdxArray> {
     if bytes.len() < 4 {
         return Err(Error::io(
             OP,
-            format!(
-                "{what}: truncated IDX file: {} bytes, shorter than the 4-byte magic number",
-                bytes.len()
-            ),
+            format!("{what}: truncated IDX file: {} bytes, shorter than the 4-byte magic number", bytes.len()),
         ));
     }
     let (zeros, code, ndim) = ([bytes[0], bytes[1]], bytes[2], bytes[3] as usize);
@@ -103,10 +100,8 @@ fn decode(bytes: &[u8], what: &str) -> Result<IdxArray> {
             ),
         ));
     }
-    let dims: Vec<usize> = bytes[4..header]
-        .chunks_exact(4)
-        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
-        .collect();
+    let dims: Vec<usize> =
+        bytes[4..header].chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
     let expected = dims
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
@@ -115,9 +110,7 @@ fn decode(bytes: &[u8], what: &str) -> Result<IdxArray> {
     if found < expected {
         return Err(Error::io(
             OP,
-            format!(
-                "{what}: truncated IDX file: dimensions {dims:?} need {expected} data bytes, found {found}"
-            ),
+            format!("{what}: truncated IDX file: dimensions {dims:?} need {expected} data bytes, found {found}"),
         ));
     }
     if found > expected {
@@ -129,10 +122,7 @@ fn decode(bytes: &[u8], what: &str) -> Result<IdxArray> {
             ),
         ));
     }
-    Ok(IdxArray {
-        dims,
-        data: bytes[header..].to_vec(),
-    })
+    Ok(IdxArray { dims, data: bytes[header..].to_vec() })
 }
 
 /// Pair an images array (`[n, rows, cols]`) with a labels array (`[n]`) into
@@ -152,30 +142,18 @@ pub fn dataset_from_idx(
         ));
     };
     let &[n_labels] = labels.dims.as_slice() else {
-        return Err(Error::io(
-            OP,
-            format!(
-                "{labels_name}: expected 1 dimension for labels, found {:?}",
-                labels.dims
-            ),
-        ));
+        return Err(Error::io(OP, format!("{labels_name}: expected 1 dimension for labels, found {:?}", labels.dims)));
     };
     if n != n_labels {
         return Err(Error::io(
             OP,
-            format!("label/image count mismatch: {images_name} holds {n} images but {labels_name} holds {n_labels} labels"),
+            format!(
+                "label/image count mismatch: {images_name} holds {n} images but {labels_name} holds {n_labels} labels"
+            ),
         ));
     }
-    if let Some((i, &l)) = labels
-        .data
-        .iter()
-        .enumerate()
-        .find(|&(_, &l)| l as usize >= classes)
-    {
-        return Err(Error::io(
-            OP,
-            format!("{labels_name}: label {l} of sample {i} is out of range 0..{classes}"),
-        ));
+    if let Some((i, &l)) = labels.data.iter().enumerate().find(|&(_, &l)| l as usize >= classes) {
+        return Err(Error::io(OP, format!("{labels_name}: label {l} of sample {i} is out of range 0..{classes}")));
     }
     let pixels = images.data.iter().map(|&p| f32::from(p) / 255.0).collect();
     let labels = labels.data.iter().map(|&l| i32::from(l)).collect();
@@ -186,21 +164,17 @@ pub fn dataset_from_idx(
 /// Find `stem` or `stem.gz` in `dir`.
 fn find(dir: &Path, stem: &str) -> Result<PathBuf> {
     let candidates = [dir.join(stem), dir.join(format!("{stem}.gz"))];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| {
-            Error::io(
-                "load_mnist_dir",
-                format!(
-                    "missing {stem} in {}: looked for {} and {}",
-                    dir.display(),
-                    candidates[0].display(),
-                    candidates[1].display()
-                ),
-            )
-        })
+    candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        Error::io(
+            "load_mnist_dir",
+            format!(
+                "missing {stem} in {}: looked for {} and {}",
+                dir.display(),
+                candidates[0].display(),
+                candidates[1].display()
+            ),
+        )
+    })
 }
 
 /// Load MNIST or Fashion-MNIST (10 classes, 28x28) from a directory holding
@@ -209,22 +183,13 @@ pub fn load_mnist_dir(dir: &Path) -> Result<DatasetSplit> {
     if !dir.is_dir() {
         return Err(Error::io(
             "load_mnist_dir",
-            format!(
-                "{} is not a directory (expected one holding the MNIST IDX files)",
-                dir.display()
-            ),
+            format!("{} is not a directory (expected one holding the MNIST IDX files)", dir.display()),
         ));
     }
     let load = |images: &str, labels: &str| -> Result<Dataset> {
         let (ip, lp) = (find(dir, images)?, find(dir, labels)?);
         let (ia, la) = (read_idx(&ip)?, read_idx(&lp)?);
-        dataset_from_idx(
-            &ia,
-            &la,
-            10,
-            &ip.display().to_string(),
-            &lp.display().to_string(),
-        )
+        dataset_from_idx(&ia, &la, 10, &ip.display().to_string(), &lp.display().to_string())
     };
     let train = load("train-images-idx3-ubyte", "train-labels-idx1-ubyte")?;
     let test = load("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")?;
@@ -304,10 +269,7 @@ mod tests {
         // Data cut short, raw and gzipped.
         let short = &images()[..images().len() - 1];
         let m = message(parse_idx(short));
-        assert!(
-            m.contains("truncated") && m.contains("need 12 data bytes, found 11"),
-            "{m}"
-        );
+        assert!(m.contains("truncated") && m.contains("need 12 data bytes, found 11"), "{m}");
         assert!(message(parse_idx(&gzip(short))).contains("found 11"));
         // Trailing garbage.
         let mut long = images();
@@ -318,11 +280,7 @@ mod tests {
         let m = message(parse_idx(&gz[..gz.len() - 6]));
         assert!(m.contains("gzip"), "{m}");
         // Huge declared dimensions with no data: an error, not an allocation.
-        let m = message(parse_idx(&idx_bytes(
-            UBYTE,
-            &[u32::MAX, u32::MAX, u32::MAX],
-            &[],
-        )));
+        let m = message(parse_idx(&idx_bytes(UBYTE, &[u32::MAX, u32::MAX, u32::MAX], &[])));
         assert!(m.contains("truncated") || m.contains("overflow"), "{m}");
     }
 
@@ -334,10 +292,7 @@ mod tests {
         let e = read_idx(&p).unwrap_err();
         assert!(e.to_string().contains("bad-idx1-ubyte"), "{e}");
         let e = read_idx(&dir.join("absent")).unwrap_err();
-        assert!(
-            e.message().contains("cannot read") && e.message().contains("absent"),
-            "{e}"
-        );
+        assert!(e.message().contains("cannot read") && e.message().contains("absent"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -346,10 +301,7 @@ mod tests {
         let imgs = parse_idx(&images()).unwrap();
         let labels = parse_idx(&idx_bytes(UBYTE, &[2], &[3, 9])).unwrap();
         let d = dataset_from_idx(&imgs, &labels, 10, "imgs", "lbls").unwrap();
-        assert_eq!(
-            (d.len, d.features, d.image_dims, d.classes),
-            (2, 6, [1, 2, 3], 10)
-        );
+        assert_eq!((d.len, d.features, d.image_dims, d.classes), (2, 6, [1, 2, 3], 10));
         assert_eq!(d.labels, vec![3, 9]);
         assert_eq!(d.images[1], 1.0 / 255.0);
         assert_eq!(d.images[11], 1.0);
@@ -357,18 +309,12 @@ mod tests {
         let three = parse_idx(&idx_bytes(UBYTE, &[3], &[0, 1, 2])).unwrap();
         let e = dataset_from_idx(&imgs, &three, 10, "imgs", "lbls").unwrap_err();
         assert!(
-            e.message().contains("mismatch")
-                && e.message().contains("2 images")
-                && e.message().contains("3 labels"),
+            e.message().contains("mismatch") && e.message().contains("2 images") && e.message().contains("3 labels"),
             "{e}"
         );
         let out = parse_idx(&idx_bytes(UBYTE, &[2], &[3, 10])).unwrap();
         let e = dataset_from_idx(&imgs, &out, 10, "imgs", "lbls").unwrap_err();
-        assert!(
-            e.message()
-                .contains("lbls: label 10 of sample 1 is out of range"),
-            "{e}"
-        );
+        assert!(e.message().contains("lbls: label 10 of sample 1 is out of range"), "{e}");
         let e = dataset_from_idx(&labels, &labels, 10, "imgs", "lbls").unwrap_err();
         assert!(e.message().contains("imgs: expected 3 dimensions"), "{e}");
         let e = dataset_from_idx(&imgs, &imgs, 10, "imgs", "lbls").unwrap_err();
@@ -408,10 +354,7 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(load_mnist_dir(&dir)
-            .unwrap_err()
-            .message()
-            .contains("not a directory"));
+        assert!(load_mnist_dir(&dir).unwrap_err().message().contains("not a directory"));
     }
 
     /// Real MNIST, only where the project's shared data folder is present

@@ -82,22 +82,14 @@ pub struct DatasetSplit {
 impl Dataset {
     /// Build a dataset, checking that the parts agree (see the type's
     /// invariants); `len` is taken from `labels`.
-    pub fn new(
-        images: Vec<f32>,
-        labels: Vec<i32>,
-        image_dims: [usize; 3],
-        classes: usize,
-    ) -> Result<Dataset> {
+    pub fn new(images: Vec<f32>, labels: Vec<i32>, image_dims: [usize; 3], classes: usize) -> Result<Dataset> {
         const OP: &str = "Dataset::new";
         let features = image_dims
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| Error::invalid(OP, format!("image dims {image_dims:?} overflow")))?;
         if features == 0 {
-            return Err(Error::invalid(
-                OP,
-                format!("image dims {image_dims:?} describe an empty image"),
-            ));
+            return Err(Error::invalid(OP, format!("image dims {image_dims:?} describe an empty image")));
         }
         let len = labels.len();
         if Some(images.len()) != len.checked_mul(features) {
@@ -110,24 +102,10 @@ impl Dataset {
                 ),
             ));
         }
-        if let Some((i, &l)) = labels
-            .iter()
-            .enumerate()
-            .find(|&(_, &l)| l < 0 || l as usize >= classes)
-        {
-            return Err(Error::out_of_range(
-                OP,
-                format!("label {l} of sample {i} is outside 0..{classes}"),
-            ));
+        if let Some((i, &l)) = labels.iter().enumerate().find(|&(_, &l)| l < 0 || l as usize >= classes) {
+            return Err(Error::out_of_range(OP, format!("label {l} of sample {i} is outside 0..{classes}")));
         }
-        Ok(Dataset {
-            images,
-            labels,
-            len,
-            features,
-            image_dims,
-            classes,
-        })
+        Ok(Dataset { images, labels, len, features, image_dims, classes })
     }
 
     /// An empty dataset with the same image shape and classes.
@@ -156,10 +134,7 @@ impl Dataset {
         if range.start > range.end || range.end > self.len {
             return Err(Error::out_of_range(
                 "Dataset::subset",
-                format!(
-                    "range {range:?} does not fit a dataset of {} samples",
-                    self.len
-                ),
+                format!("range {range:?} does not fit a dataset of {} samples", self.len),
             ));
         }
         Ok(Dataset {
@@ -182,8 +157,7 @@ impl Dataset {
         out.images.reserve(indices.len() * self.features);
         out.labels.reserve(indices.len());
         for &i in indices {
-            out.images
-                .extend_from_slice(&self.images[i * self.features..(i + 1) * self.features]);
+            out.images.extend_from_slice(&self.images[i * self.features..(i + 1) * self.features]);
             out.labels.push(self.labels[i]);
         }
         out.len = indices.len();
@@ -197,19 +171,13 @@ impl Dataset {
     pub fn split_shuffled(&self, test_fraction: f32, seed: u64) -> Result<DatasetSplit> {
         const OP: &str = "Dataset::split_shuffled";
         if !(0.0..1.0).contains(&test_fraction) {
-            return Err(Error::invalid(
-                OP,
-                format!("test_fraction must lie in [0, 1), got {test_fraction}"),
-            ));
+            return Err(Error::invalid(OP, format!("test_fraction must lie in [0, 1), got {test_fraction}")));
         }
         let n_test = ((self.len as f64) * f64::from(test_fraction)).round() as usize;
         if n_test >= self.len {
             return Err(Error::invalid(
                 OP,
-                format!(
-                    "test_fraction {test_fraction} of {} samples leaves no training data",
-                    self.len
-                ),
+                format!("test_fraction {test_fraction} of {} samples leaves no training data", self.len),
             ));
         }
         let order = permutation(self.len, seed);
@@ -217,10 +185,7 @@ impl Dataset {
         let mut train_idx = order[n_test..].to_vec();
         test_idx.sort_unstable();
         train_idx.sort_unstable();
-        Ok(DatasetSplit {
-            train: self.select(&train_idx)?,
-            test: self.select(&test_idx)?,
-        })
+        Ok(DatasetSplit { train: self.select(&train_idx)?, test: self.select(&test_idx)? })
     }
 
     /// How many samples each class has (`classes` entries).
@@ -245,12 +210,7 @@ fn maybe_gunzip<'a>(bytes: &'a [u8], op: &'static str, what: &str) -> Result<Cow
     let mut out = Vec::with_capacity(bytes.len().saturating_mul(4));
     flate2::read::MultiGzDecoder::new(bytes)
         .read_to_end(&mut out)
-        .map_err(|e| {
-            Error::io(
-                op,
-                format!("{what}: gzip data is corrupt or truncated ({e})"),
-            )
-        })?;
+        .map_err(|e| Error::io(op, format!("{what}: gzip data is corrupt or truncated ({e})")))?;
     Ok(Cow::Owned(out))
 }
 
@@ -316,18 +276,12 @@ mod tests {
     fn gunzip_detects_by_magic() {
         use std::io::Write;
         let raw = b"hello, not gzip";
-        assert!(matches!(
-            maybe_gunzip(raw, "t", "x").unwrap(),
-            Cow::Borrowed(_)
-        ));
+        assert!(matches!(maybe_gunzip(raw, "t", "x").unwrap(), Cow::Borrowed(_)));
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         enc.write_all(raw).unwrap();
         let gz = enc.finish().unwrap();
         assert_eq!(&*maybe_gunzip(&gz, "t", "x").unwrap(), raw);
         let e = maybe_gunzip(&gz[..gz.len() / 2], "t", "some/file.gz").unwrap_err();
-        assert!(
-            e.message().contains("some/file.gz") && e.message().contains("gzip"),
-            "{e}"
-        );
+        assert!(e.message().contains("some/file.gz") && e.message().contains("gzip"), "{e}");
     }
 }

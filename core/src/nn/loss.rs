@@ -16,12 +16,7 @@ fn check_logits_labels(op: &'static str, logits: &Tensor<'_>, labels: &Tensor<'_
     if labels.dtype() != DType::I32 || yd.len() != 1 || yd[0] != ld[0] {
         return Err(Error::shape(
             op,
-            format!(
-                "expects i32 labels of shape [{}], got {:?} {}",
-                ld[0],
-                yd.as_slice(),
-                labels.dtype()
-            ),
+            format!("expects i32 labels of shape [{}], got {:?} {}", ld[0], yd.as_slice(), labels.dtype()),
         ));
     }
     if ld[0] == 0 {

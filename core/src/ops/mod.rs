@@ -42,7 +42,8 @@ impl Graph {
                 state.nodes[input as usize].flags & flags::REQUIRES_GRAD != 0 && rules::differentiable_input(&op, i)
             });
         }
-        let id = self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, attrs, location);
+        let id =
+            self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, attrs, location);
         if requires {
             let saved = rules::saved_values(&op);
             for (i, &input) in inputs.iter().enumerate() {

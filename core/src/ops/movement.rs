@@ -113,8 +113,8 @@ impl<'g> Tensor<'g> {
     pub fn permute(self, perm: &[usize]) -> Result<Tensor<'g>> {
         let dims = self.dims();
         let mut seen = vec![false; dims.len()];
-        let valid = perm.len() == dims.len()
-            && perm.iter().all(|&p| p < dims.len() && !std::mem::replace(&mut seen[p], true));
+        let valid =
+            perm.len() == dims.len() && perm.iter().all(|&p| p < dims.len() && !std::mem::replace(&mut seen[p], true));
         if !valid {
             return Err(Error::invalid(
                 "Permute",
@@ -142,10 +142,7 @@ impl<'g> Tensor<'g> {
         match broadcast_shapes(&from, dims) {
             Some(out) if out.as_slice() == dims => {}
             _ => {
-                return Err(Error::shape(
-                    "Expand",
-                    format!("cannot expand {} to {}", fmt_dims(&from), fmt_dims(dims)),
-                ))
+                return Err(Error::shape("Expand", format!("cannot expand {} to {}", fmt_dims(&from), fmt_dims(dims))))
             }
         }
         check_rank("Expand", dims)?;

@@ -27,10 +27,7 @@ pub(crate) fn axis_set(op: &'static str, axes: &[isize], rank: usize) -> Result<
 pub(crate) fn normalize_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
     let a = if axis < 0 { axis + rank as isize } else { axis };
     if a < 0 || a >= rank as isize {
-        return Err(Error::out_of_range(
-            op,
-            format!("axis {axis} is out of range for a tensor of rank {rank}"),
-        ));
+        return Err(Error::out_of_range(op, format!("axis {axis} is out of range for a tensor of rank {rank}")));
     }
     Ok(a as usize)
 }
@@ -86,6 +83,13 @@ impl<'g> Tensor<'g> {
         }
         let out_dims = reduced_dims(&dims, axes, keepdim);
         let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { DType::I32 } else { dtype };
-        Ok(self.graph.record(Op::Reduce { op, axes, keepdim }, &[self.id], &out_dims, out_dtype, &[], Location::caller()))
+        Ok(self.graph.record(
+            Op::Reduce { op, axes, keepdim },
+            &[self.id],
+            &out_dims,
+            out_dtype,
+            &[],
+            Location::caller(),
+        ))
     }
 }
