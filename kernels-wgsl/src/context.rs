@@ -1,0 +1,190 @@
+//! Instance, adapter and device setup; the limits kiln enforces; the slot
+//! wgpu's uncaptured errors land in.
+
+use std::sync::{Arc, Mutex};
+
+use kiln_core::{Error, Result};
+
+/// How to pick and limit the GPU.
+#[derive(Clone, Debug)]
+pub struct WgpuOptions {
+    /// Which graphics APIs to look at: `wgpu::Backends::VULKAN`, `METAL`,
+    /// `DX12`, `GL`, `BROWSER_WEBGPU`, `PRIMARY` (the default: every API
+    /// except GL) or `all()`. [`parse_backends`] reads names like "vulkan".
+    pub backends: wgpu::Backends,
+    pub power_preference: wgpu::PowerPreference,
+    /// Cap the adapter's largest storage binding (bytes): tensors larger than
+    /// this are refused when a kernel would bind them. For tests and for
+    /// reproducing a smaller device's behaviour.
+    pub max_storage_buffer_binding_size: Option<u64>,
+    /// Cap the adapter's largest buffer (bytes): larger allocations are
+    /// refused.
+    pub max_buffer_size: Option<u64>,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            backends: wgpu::Backends::PRIMARY,
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            max_storage_buffer_binding_size: None,
+            max_buffer_size: None,
+        }
+    }
+}
+
+impl WgpuOptions {
+    /// Options that look only at the given APIs.
+    pub fn with_backends(backends: wgpu::Backends) -> WgpuOptions {
+        WgpuOptions { backends, ..WgpuOptions::default() }
+    }
+}
+
+/// A graphics API set from a name: "vulkan", "metal", "dx12", "gl",
+/// "webgpu" (the browser's), "primary" or "all"; comma-separated names
+/// combine. None for an unknown name.
+pub fn parse_backends(names: &str) -> Option<wgpu::Backends> {
+    let mut set = wgpu::Backends::empty();
+    for name in names.split(',').map(|s| s.trim().to_ascii_lowercase()) {
+        set |= match name.as_str() {
+            "vulkan" | "vk" => wgpu::Backends::VULKAN,
+            "metal" => wgpu::Backends::METAL,
+            "dx12" | "d3d12" => wgpu::Backends::DX12,
+            "gl" | "gles" | "opengl" => wgpu::Backends::GL,
+            "webgpu" | "browser" => wgpu::Backends::BROWSER_WEBGPU,
+            "primary" => wgpu::Backends::PRIMARY,
+            "all" => wgpu::Backends::all(),
+            _ => return None,
+        };
+    }
+    Some(set)
+}
+
+/// Errors wgpu reports outside any call's return value (validation errors,
+/// out-of-memory), kept until `flush` or `read` turns them into a
+/// `kiln_core::Error`. wgpu's default handler would panic instead.
+#[derive(Clone, Default)]
+pub(crate) struct ErrorSlot(Arc<Mutex<Option<String>>>);
+
+impl ErrorSlot {
+    fn record(&self, message: String) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Keep the first: later errors are usually its consequences.
+        slot.get_or_insert(message);
+    }
+
+    /// The recorded error, if any, as a backend error (and clear the slot).
+    pub fn check(&self, op: &'static str) -> Result<()> {
+        let taken = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match taken {
+            None => Ok(()),
+            Some(message) => Err(Error::backend(op, format!("the GPU reported an error: {message}"))),
+        }
+    }
+}
+
+/// The device and what kiln knows about it.
+pub(crate) struct Context {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    /// The limits kiln enforces: the adapter's, lowered by the options' caps.
+    pub limits: wgpu::Limits,
+    pub errors: ErrorSlot,
+}
+
+impl Context {
+    pub async fn new(options: &WgpuOptions) -> Result<Context> {
+        const OP: &str = "WgpuBackend::new";
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = options.backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: options.power_preference,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::unsupported(OP, format!("no GPU adapter for backends {:?}: {e}", options.backends)))?;
+        let mut limits = adapter.limits();
+        if let Some(cap) = options.max_storage_buffer_binding_size {
+            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
+        }
+        if let Some(cap) = options.max_buffer_size {
+            limits.max_buffer_size = limits.max_buffer_size.min(cap);
+        }
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("kiln"),
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::backend(OP, format!("the adapter refused to open a device: {e}")))?;
+        let errors = ErrorSlot::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| sink.record(e.to_string())));
+        Ok(Context { device, queue, info: adapter.get_info(), limits, errors })
+    }
+
+    /// Workgroup counts for a one-dimensional launch of `groups` workgroups,
+    /// folded into x * y when x alone would pass the per-dimension limit.
+    pub fn grid(&self, op: &'static str, groups: u64) -> Result<[u32; 3]> {
+        let max = u64::from(self.limits.max_compute_workgroups_per_dimension.max(1));
+        if groups <= max {
+            return Ok([groups as u32, 1, 1]);
+        }
+        let y = groups.div_ceil(max);
+        if y > max {
+            return Err(Error::unsupported(
+                op,
+                format!("{groups} workgroups exceed this adapter's {max} x {max} grid"),
+            ));
+        }
+        Ok([max as u32, y as u32, 1])
+    }
+}
+
+/// One adapter as `kiln devices` lists it.
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    pub name: String,
+    /// "Vulkan", "Metal", "Dx12", "Gl", "BrowserWebGpu".
+    pub backend: String,
+    /// "DiscreteGpu", "IntegratedGpu", "VirtualGpu", "Cpu" (a software
+    /// driver such as lavapipe), "Other".
+    pub device_type: String,
+    pub driver: String,
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroup_storage_size: u32,
+}
+
+impl AdapterSummary {
+    pub(crate) fn new(info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> AdapterSummary {
+        AdapterSummary {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            max_buffer_size: limits.max_buffer_size,
+            max_storage_buffer_binding_size: u64::from(limits.max_storage_buffer_binding_size),
+            max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
+        }
+    }
+}
+
+/// Every adapter wgpu finds on this machine, on every API (native only: a
+/// browser exposes one adapter, through `WgpuBackend::new`).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::all();
+    let instance = wgpu::Instance::new(desc);
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    adapters.iter().map(|a| AdapterSummary::new(&a.get_info(), &a.limits())).collect()
+}

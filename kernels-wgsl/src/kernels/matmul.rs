@@ -1,0 +1,103 @@
+//! Launches matmul.wgsl: operand geometry (transposes as strides, broadcast
+//! batch axes) computed on the host, batches over the z limit split into
+//! several dispatches.
+
+use kiln_core::backend::TensorRef;
+use kiln_core::shape::fmt_dims;
+use kiln_core::{DType, Error, Result};
+
+use super::elementwise::broadcast;
+use super::unsupported_dtype;
+use crate::geometry::word;
+use crate::shaders::{Kernel, MAX_DIMS};
+use crate::{Arg, WgpuBackend};
+
+const OP: &str = "MatMul";
+/// Output tile edge of one workgroup (TILE in matmul.wgsl).
+const TILE: usize = 64;
+
+/// The logical matrix of an operand: rows x cols, and the strides that read
+/// it from row-major storage (transposed or not).
+struct Mat {
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl Mat {
+    fn new(dims: &[usize], transposed: bool) -> Mat {
+        let (r, c) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        if transposed {
+            Mat { rows: c, cols: r, rs: 1, cs: c }
+        } else {
+            Mat { rows: r, cols: c, rs: c, cs: 1 }
+        }
+    }
+}
+
+pub(crate) fn matmul(
+    be: &WgpuBackend,
+    ta: bool,
+    tb: bool,
+    [a, b]: &[TensorRef<'_>; 2],
+    out: &TensorRef<'_>,
+) -> Result<()> {
+    if a.dtype != out.dtype || b.dtype != out.dtype {
+        return Err(Error::backend(OP, "operand dtypes differ from the output's"));
+    }
+    if out.dtype != DType::F32 {
+        return Err(unsupported_dtype(OP, out.dtype));
+    }
+    let (ad, bd, od) = (a.dims, b.dims, out.dims);
+    if ad.len() < 2 || bd.len() < 2 || od.len() < 2 {
+        return Err(Error::shape(OP, "operands and output need rank >= 2"));
+    }
+    let (ma, mb) = (Mat::new(ad, ta), Mat::new(bd, tb));
+    let (m, k, n) = (ma.rows, ma.cols, mb.cols);
+    let ro = od.len();
+    if mb.rows != k || od[ro - 2] != m || od[ro - 1] != n {
+        return Err(Error::shape(
+            OP,
+            format!("{} x {} (transposed: {ta}, {tb}) cannot give {}", fmt_dims(ad), fmt_dims(bd), fmt_dims(od)),
+        ));
+    }
+    let bo = &od[..ro - 2];
+    let sa: Vec<usize> = broadcast(OP, &ad[..ad.len() - 2], bo)?.iter().map(|s| s * m * k).collect();
+    let sb: Vec<usize> = broadcast(OP, &bd[..bd.len() - 2], bo)?.iter().map(|s| s * k * n).collect();
+    // Batch axes that are broadcast in both operands need no unravelling
+    // apart; merge what can be merged.
+    let (cd, cs) = crate::geometry::collapse(bo, &[&sa, &sb]);
+    if cd.len() > MAX_DIMS {
+        return Err(Error::unsupported(OP, format!("more than {MAX_DIMS} unmergeable batch axes in {}", fmt_dims(od))));
+    }
+    let batches: usize = bo.iter().product();
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    let mut params = vec![0u32; 33];
+    for (i, v) in [m, n, k, ma.rs, ma.cs, mb.rs, mb.cs].into_iter().enumerate() {
+        params[i] = word(OP, v)?;
+    }
+    params[7] = cd.len() as u32;
+    for d in 0..cd.len() {
+        params[8 + d] = word(OP, cd[d])?;
+        params[16 + d] = word(OP, cs[0][d])?;
+        params[24 + d] = word(OP, cs[1][d])?;
+    }
+    let gx = word(OP, n.div_ceil(TILE))?;
+    let gy = word(OP, m.div_ceil(TILE))?;
+    let max_z = be.ctx().limits.max_compute_workgroups_per_dimension.max(1) as usize;
+    if gx as usize > max_z || gy as usize > max_z {
+        return Err(Error::unsupported(OP, format!("{m} x {n} outputs exceed this adapter's dispatch grid")));
+    }
+    let args = [(1, Arg::input(a)), (2, Arg::input(b)), (3, Arg::output(out))];
+    let mut first = 0;
+    while first < batches {
+        let count = (batches - first).min(max_z);
+        params[32] = word(OP, first)?;
+        be.launch(OP, Kernel::MatMul, "main", &args, &params, [gx, gy, count as u32])?;
+        first += count;
+    }
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! The Rust that launches each kernel family: one module per `.wgsl` file,
+//! with the same name. Each checks its operands as the CPU backend does,
+//! computes the kernel's parameters on the host and records the dispatch.
+
+pub(crate) mod elementwise;
+pub(crate) mod index;
+pub(crate) mod matmul;
+pub(crate) mod movement;
+pub(crate) mod reduce;
+pub(crate) mod update;
+
+use kiln_core::backend::{KernelCall, TensorRef};
+use kiln_core::op::Op;
+use kiln_core::{DType, Error, Result};
+
+use crate::shaders::Ty;
+use crate::WgpuBackend;
+
+pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
+    let name = call.op.name();
+    let ins = call.inputs;
+    let out = &call.output;
+    if out.dtype == DType::F64 || ins.iter().any(|t| t.dtype == DType::F64) {
+        return Err(crate::buffers::f64_refused(name));
+    }
+    match call.op {
+        Op::Input | Op::Param(_) => Err(Error::backend(name, "leaf nodes hold their value; there is no kernel to run")),
+        Op::Full(v) => elementwise::full(be, v, out),
+        Op::Arange { start, step } => elementwise::arange(be, start, step, out),
+        Op::Unary(u) => elementwise::unary(be, u, arity::<1>(name, ins)?, out),
+        Op::Binary(b) => elementwise::binary(be, b, arity::<2>(name, ins)?, out),
+        Op::Compare(c) => elementwise::compare(be, c, arity::<2>(name, ins)?, out),
+        Op::Where => elementwise::where_(be, arity::<3>(name, ins)?, out),
+        Op::Cast(_) => elementwise::cast(be, arity::<1>(name, ins)?, out),
+        Op::Reduce { op, axes, keepdim: _ } => reduce::reduce(be, op, axes, arity::<1>(name, ins)?, out),
+        Op::MatMul { transpose_a, transpose_b } => {
+            matmul::matmul(be, transpose_a, transpose_b, arity::<2>(name, ins)?, out)
+        }
+        Op::Reshape => movement::reshape(be, arity::<1>(name, ins)?, out),
+        Op::Permute(_) => movement::permute(be, call.attrs, arity::<1>(name, ins)?, out),
+        Op::Expand => movement::expand(be, arity::<1>(name, ins)?, out),
+        Op::Slice(_) => movement::slice(be, call.attrs, arity::<1>(name, ins)?, out),
+        Op::SliceBackward(_) => movement::slice_backward(be, call.attrs, arity::<1>(name, ins)?, out),
+        Op::Concat { axis } => movement::concat(be, axis as usize, ins, out),
+        Op::IndexSelect { axis } => index::index_select(be, axis as usize, arity::<2>(name, ins)?, out),
+        Op::ScatterAdd { axis } => index::scatter_add(be, axis as usize, arity::<3>(name, ins)?, out),
+    }
+}
+
+fn arity<'a, 'b, const N: usize>(op: &'static str, ins: &'b [TensorRef<'a>]) -> Result<&'b [TensorRef<'a>; N]> {
+    ins.try_into().map_err(|_| Error::backend(op, format!("expected {N} inputs, got {}", ins.len())))
+}
+
+/// The storage type of a (non-f64) dtype.
+pub(crate) fn ty(dtype: DType) -> Ty {
+    Ty::of(dtype).expect("f64 is refused before any kernel runs")
+}
+
+pub(crate) fn unsupported_dtype(op: &'static str, dtype: DType) -> Error {
+    Error::unsupported(op, format!("the wgpu backend has no {op} kernel for {dtype}"))
+}

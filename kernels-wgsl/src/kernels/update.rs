@@ -1,0 +1,77 @@
+//! Launches update.wgsl: fused SGD (plain, momentum, Nesterov) and
+//! Adam/AdamW steps in place, hyper-parameters derived in f64 on the host
+//! and rounded once to f32, as the CPU backend does.
+
+use kiln_core::backend::{BufferId, ParamUpdate};
+use kiln_core::{DType, Error, Result};
+
+use crate::geometry::word;
+use crate::shaders::Kernel;
+use crate::{Arg, WgpuBackend};
+
+const OP: &str = "update_param";
+
+pub(crate) fn update(
+    be: &WgpuBackend,
+    upd: &ParamUpdate,
+    param: BufferId,
+    grad: BufferId,
+    state: &[BufferId],
+    dtype: DType,
+    len: usize,
+) -> Result<()> {
+    if dtype != DType::F32 {
+        return Err(if dtype == DType::F64 {
+            crate::buffers::f64_refused(OP)
+        } else {
+            Error::dtype(OP, format!("cannot optimise a {dtype} parameter"))
+        });
+    }
+    let needed = match *upd {
+        ParamUpdate::Sgd { momentum, .. } => usize::from(momentum != 0.0),
+        ParamUpdate::Adam { .. } => 2,
+    };
+    if state.len() < needed {
+        return Err(Error::backend(OP, format!("{needed} state buffers needed, {} given", state.len())));
+    }
+    let f = |v: f64| (v as f32).to_bits();
+    let buf = |id: BufferId, write: bool| Arg::Buffer { id, dtype, len, write };
+    let n = word(OP, len)?;
+    let groups = be.grid_for(OP, len)?;
+    match *upd {
+        ParamUpdate::Sgd { lr, momentum, dampening, weight_decay, nesterov } => {
+            let flags = u32::from(weight_decay != 0.0) | (u32::from(nesterov) << 1);
+            let params = [n, f(lr), f(momentum), f(1.0 - dampening), f(weight_decay), flags];
+            if momentum == 0.0 {
+                let args = [(1, buf(param, true)), (2, buf(grad, false))];
+                be.launch(OP, Kernel::Update, "sgd", &args, &params, groups)
+            } else {
+                let args = [(1, buf(param, true)), (2, buf(grad, false)), (3, buf(state[0], true))];
+                be.launch(OP, Kernel::Update, "sgd_momentum", &args, &params, groups)
+            }
+        }
+        ParamUpdate::Adam { lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, step } => {
+            if step == 0 {
+                return Err(Error::invalid(OP, "Adam's step counts from 1"));
+            }
+            let steps = i32::try_from(step).unwrap_or(i32::MAX);
+            let params = [
+                n,
+                f(lr),
+                f(beta1),
+                f(beta2),
+                f(1.0 - beta1),
+                f(1.0 - beta2),
+                f(1.0 - beta1.powi(steps)),
+                f(1.0 - beta2.powi(steps)),
+                f(eps),
+                f(weight_decay),
+                f(1.0 - lr * weight_decay),
+                u32::from(decoupled_weight_decay),
+            ];
+            let args =
+                [(1, buf(param, true)), (2, buf(grad, false)), (3, buf(state[0], true)), (4, buf(state[1], true))];
+            be.launch(OP, Kernel::Update, "adam", &args, &params, groups)
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! kiln-wgsl: kiln's wgpu backend — every op as a WGSL kernel, for native
+//! GPUs (Vulkan, Metal, DX12, GL) and browsers (WebGPU).
+//!
+//! Layers, one module each:
+//! - `context`: instance, adapter, device, the limits kiln enforces, and the
+//!   slot wgpu's uncaptured errors land in (turned into `kiln_core::Error`s
+//!   by `flush` and `read`; nothing here panics on a GPU error);
+//! - `buffers`: a slab of `wgpu::Buffer`s by `BufferId` (bool as u32 words,
+//!   no f64);
+//! - `shaders`: the `.wgsl` files and their specialisations;
+//! - `pipelines`: pipelines created on first use, cached;
+//! - `batch`: one command encoder per execution, per-dispatch parameters in
+//!   an arena, index-check status slots;
+//! - `readback`: `read` as a snapshot copy + `map_async` into a flume channel;
+//! - `kernels`: the Rust that launches each family's kernels (one file per
+//!   `.wgsl` file, same name).
+//!
+//! ```no_run
+//! # async fn demo() -> kiln_core::Result<()> {
+//! use kiln_wgsl::{WgpuBackend, WgpuOptions};
+//! let device = kiln_core::Device::from_backend(WgpuBackend::new(WgpuOptions::default()).await?);
+//! # let _ = device; Ok(()) }
+//! ```
+
+mod batch;
+mod buffers;
+mod context;
+mod geometry;
+mod kernels;
+mod pipelines;
+mod readback;
+pub mod shaders;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use kiln_core::backend::{Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+use kiln_core::op::{Op, ReduceOp};
+use kiln_core::{DType, Error, HostData, Result};
+
+use batch::{Batch, Command, Dispatch, PendingCheck, Res};
+use buffers::{bytes_of, Buffers};
+use context::Context;
+use pipelines::Pipelines;
+use shaders::{Kernel, Ty};
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use context::list_adapters;
+pub use context::{parse_backends, AdapterSummary, WgpuOptions};
+/// The wgpu version this crate is built against, for callers that build
+/// `WgpuOptions` (backends, power preference).
+pub use wgpu;
+
+/// A kernel operand as `launch` binds it.
+#[derive(Clone, Copy)]
+pub(crate) enum Arg {
+    Buffer {
+        id: BufferId,
+        dtype: DType,
+        len: usize,
+        write: bool,
+    },
+    /// This execution's index-check status buffer.
+    Status,
+}
+
+impl Arg {
+    pub fn input(t: &TensorRef<'_>) -> Arg {
+        Arg::Buffer { id: t.buffer, dtype: t.dtype, len: t.numel(), write: false }
+    }
+    pub fn output(t: &TensorRef<'_>) -> Arg {
+        Arg::Buffer { id: t.buffer, dtype: t.dtype, len: t.numel(), write: true }
+    }
+}
+
+/// The wgpu backend. Wrap it with `kiln_core::Device::from_backend`.
+pub struct WgpuBackend {
+    ctx: Context,
+    buffers: RefCell<Buffers>,
+    pipelines: RefCell<Pipelines>,
+    batch: RefCell<Batch>,
+    /// Index checks of submitted executions whose status has not been read
+    /// yet (only on wasm32: natively `flush` waits for them).
+    pending: Rc<RefCell<Vec<PendingCheck>>>,
+}
+
+impl WgpuBackend {
+    /// Open a device. Async because a browser cannot block; natively, wrap it
+    /// in `pollster::block_on`.
+    pub async fn new(options: WgpuOptions) -> Result<WgpuBackend> {
+        Ok(WgpuBackend {
+            ctx: Context::new(&options).await?,
+            buffers: RefCell::default(),
+            pipelines: RefCell::default(),
+            batch: RefCell::default(),
+            pending: Rc::default(),
+        })
+    }
+
+    /// Name, API (`info.backend`), device type and driver of the adapter.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.ctx.info
+    }
+
+    /// The limits kiln enforces (the adapter's, lowered by the options' caps).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.ctx.limits
+    }
+
+    /// The adapter as `kiln devices` prints it.
+    pub fn summary(&self) -> AdapterSummary {
+        AdapterSummary::new(&self.ctx.info, &self.ctx.limits)
+    }
+
+    pub(crate) fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Workgroups for a one-dimensional launch over `n` items, WG per group.
+    pub(crate) fn grid_for(&self, op: &'static str, n: usize) -> Result<[u32; 3]> {
+        self.ctx.grid(op, (n as u64).div_ceil(u64::from(shaders::WG)))
+    }
+
+    /// Record one dispatch of `entry` of `kernel`: binding 0 gets `params`,
+    /// the others the given operands. Nothing runs until `flush`.
+    pub(crate) fn launch(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        entry: &'static str,
+        args: &[(u32, Arg)],
+        params: &[u32],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let limit = self.ctx.limits.max_storage_buffer_binding_size;
+        let mut bindings = Vec::with_capacity(args.len());
+        {
+            let buffers = self.buffers.borrow();
+            for (i, (binding, arg)) in args.iter().enumerate() {
+                let res = match *arg {
+                    Arg::Status => Res::Status,
+                    Arg::Buffer { id, dtype, len, write } => {
+                        let stored = buffers.get(op, id)?;
+                        if stored.dtype != dtype || stored.len < len {
+                            return Err(Error::backend(
+                                op,
+                                format!(
+                                    "buffer {} holds {} x {} but the kernel was given {len} x {dtype}",
+                                    id.0, stored.len, stored.dtype
+                                ),
+                            ));
+                        }
+                        let bytes = bytes_of(len);
+                        if bytes > limit {
+                            return Err(Error::unsupported(
+                                op,
+                                format!(
+                                    "a {dtype} tensor of {len} elements ({bytes} bytes) is larger than this \
+                                     device's max_storage_buffer_binding_size of {limit} bytes; use smaller \
+                                     tensors (e.g. smaller batches) or the CPU device"
+                                ),
+                            ));
+                        }
+                        // A buffer written by a kernel must not also be bound
+                        // elsewhere in the same dispatch (wgpu refuses it).
+                        let aliased = args.iter().enumerate().any(|(j, (_, other))| {
+                            j != i && matches!(*other, Arg::Buffer { id: o, write: w, .. } if o == id && (w || write))
+                        });
+                        if aliased {
+                            return Err(Error::backend(
+                                op,
+                                format!("buffer {} is both written and bound again by one kernel", id.0),
+                            ));
+                        }
+                        Res::Buffer(stored.buffer.clone(), bytes)
+                    }
+                };
+                bindings.push((*binding, res));
+            }
+        }
+        let pipeline = self.pipelines.borrow_mut().get(&self.ctx, op, kernel, entry)?;
+        let mut batch = self.batch.borrow_mut();
+        let params = batch.push_params(&self.ctx, params);
+        batch.push(Command::Dispatch(Dispatch { pipeline, bindings, params, groups }));
+        Ok(())
+    }
+
+    /// Record a copy of the first `len` words of `src` into `dst`.
+    pub(crate) fn record_copy(&self, op: &'static str, src: BufferId, dst: BufferId, len: usize) -> Result<()> {
+        if len == 0 || src == dst {
+            return Ok(());
+        }
+        let buffers = self.buffers.borrow();
+        let (s, d) = (buffers.get(op, src)?, buffers.get(op, dst)?);
+        if s.len < len || d.len < len || s.dtype != d.dtype {
+            return Err(Error::backend(
+                op,
+                format!(
+                    "cannot copy {len} elements from buffer {} ({} x {}) to buffer {} ({} x {})",
+                    src.0, s.len, s.dtype, dst.0, d.len, d.dtype
+                ),
+            ));
+        }
+        let command = Command::Copy { src: s.buffer.clone(), dst: d.buffer.clone(), bytes: bytes_of(len) };
+        self.batch.borrow_mut().push(command);
+        Ok(())
+    }
+
+    pub(crate) fn push_check(&self, meta: batch::CheckMeta) -> u32 {
+        self.batch.borrow_mut().push_check(meta)
+    }
+
+    /// Submit what has been recorded. Natively, an execution with index
+    /// checks waits for them here, so a bad index fails the execution that
+    /// used it; on wasm32 the check is settled by the next `read`.
+    fn submit(&self) -> Result<()> {
+        let submitted = self.batch.borrow_mut().submit(&self.ctx);
+        let check = submitted?;
+        if let Some(check) = check {
+            #[cfg(not(target_arch = "wasm32"))]
+            {
+                self.ctx
+                    .device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .map_err(|e| Error::backend("flush", format!("waiting for the GPU failed: {e}")))?;
+                check.settle_now()?;
+            }
+            #[cfg(target_arch = "wasm32")]
+            self.pending.borrow_mut().push(check);
+        }
+        self.ctx.errors.check("flush")
+    }
+}
+
+impl Backend for WgpuBackend {
+    fn name(&self) -> String {
+        let i = &self.ctx.info;
+        format!("wgpu ({}, {:?}, {:?})", i.name, i.backend, i.device_type)
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<BufferId> {
+        self.buffers.borrow_mut().alloc(&self.ctx, dtype, len)
+    }
+
+    fn free(&self, buffer: BufferId) {
+        self.buffers.borrow_mut().free(buffer);
+    }
+
+    fn upload(&self, buffer: BufferId, data: &HostData) -> Result<()> {
+        const OP: &str = "upload";
+        // queue.write_buffer lands before the next submission: recorded work
+        // that reads this buffer's old contents must be submitted first.
+        if !self.batch.borrow().is_empty() {
+            self.submit()?;
+        }
+        let bytes = buffers::to_words(data)?;
+        let buffers = self.buffers.borrow();
+        let s = buffers.get(OP, buffer)?;
+        if s.dtype != data.dtype() || s.len < data.len() {
+            return Err(Error::backend(
+                OP,
+                format!(
+                    "cannot upload {} x {} into buffer {} ({} x {})",
+                    data.len(),
+                    data.dtype(),
+                    buffer.0,
+                    s.len,
+                    s.dtype
+                ),
+            ));
+        }
+        if !bytes.is_empty() {
+            self.ctx.queue.write_buffer(&s.buffer, 0, &bytes);
+        }
+        self.ctx.errors.check(OP)
+    }
+
+    fn copy(&self, src: BufferId, dst: BufferId, dtype: DType, len: usize) -> Result<()> {
+        if dtype == DType::F64 {
+            return Err(buffers::f64_refused("copy"));
+        }
+        self.record_copy("copy", src, dst, len)
+    }
+
+    fn run(&self, call: &KernelCall<'_>) -> Result<()> {
+        kernels::run(self, call)
+    }
+
+    fn update_param(
+        &self,
+        update: &ParamUpdate,
+        param: BufferId,
+        grad: BufferId,
+        state: &[BufferId],
+        dtype: DType,
+        len: usize,
+    ) -> Result<()> {
+        kernels::update::update(self, update, param, grad, state, dtype, len)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.submit()
+    }
+
+    fn read(&self, buffer: BufferId, dtype: DType, len: usize) -> ReadFuture {
+        readback::read(self, buffer, dtype, len)
+    }
+
+    fn supports(&self, op: &Op, dtype: DType) -> bool {
+        let Some(ty) = Ty::of(dtype) else { return false };
+        let num = matches!(ty, Ty::F32 | Ty::I32);
+        match *op {
+            Op::Input | Op::Param(_) => false,
+            Op::Full(_) | Op::Arange { .. } | Op::Where | Op::Cast(_) => true,
+            Op::Unary(u) => shaders::unary_expr(u, ty).is_some(),
+            Op::Binary(b) => shaders::binary_expr(b, ty).is_some(),
+            Op::Compare(_) => dtype == DType::Bool,
+            Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => dtype == DType::I32,
+            Op::Reduce { .. } => num,
+            Op::MatMul { .. } => ty == Ty::F32,
+            Op::Reshape
+            | Op::Permute(_)
+            | Op::Expand
+            | Op::Slice(_)
+            | Op::SliceBackward(_)
+            | Op::Concat { .. }
+            | Op::IndexSelect { .. } => true,
+            Op::ScatterAdd { .. } => num,
+        }
+    }
+}

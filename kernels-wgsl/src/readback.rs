@@ -1,0 +1,83 @@
+//! Reading a buffer back to the host.
+//!
+//! `read` takes a snapshot when it is called: recorded work is submitted,
+//! then the buffer is copied into a fresh MAP_READ staging buffer in a
+//! submission of its own, so later executions may reuse the buffer while the
+//! future is pending (the trait's contract). `map_async` delivers through a
+//! flume channel; natively the future polls the device to completion first,
+//! in a browser it awaits the channel (the event loop maps the buffer).
+
+use kiln_core::backend::{BufferId, ReadFuture};
+use kiln_core::{DType, Error, Result};
+
+use crate::buffers::{bytes_of, from_words};
+use crate::WgpuBackend;
+
+type Mapped = flume::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>;
+
+fn snapshot(be: &WgpuBackend, buffer: BufferId, dtype: DType, len: usize) -> Result<(wgpu::Buffer, Mapped)> {
+    const OP: &str = "read";
+    if dtype == DType::F64 {
+        return Err(crate::buffers::f64_refused(OP));
+    }
+    be.submit()?;
+    let ctx = be.ctx();
+    let bytes = bytes_of(len);
+    let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("kiln readback"),
+        size: bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    {
+        let buffers = be.buffers.borrow();
+        let s = buffers.get(OP, buffer)?;
+        if s.dtype != dtype || s.len < len {
+            return Err(Error::backend(
+                OP,
+                format!("cannot read {len} x {dtype} from buffer {} ({} x {})", buffer.0, s.len, s.dtype),
+            ));
+        }
+        let mut encoder =
+            ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln readback") });
+        encoder.copy_buffer_to_buffer(&s.buffer, 0, &staging, 0, bytes);
+        ctx.queue.submit([encoder.finish()]);
+    }
+    ctx.errors.check(OP)?;
+    let (tx, rx) = flume::bounded(1);
+    staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    Ok((staging, rx))
+}
+
+pub(crate) fn read(be: &WgpuBackend, buffer: BufferId, dtype: DType, len: usize) -> ReadFuture {
+    let prepared = snapshot(be, buffer, dtype, len);
+    let device = be.ctx().device.clone();
+    let errors = be.ctx().errors.clone();
+    let checks = std::mem::take(&mut *be.pending.borrow_mut());
+    Box::pin(async move {
+        const OP: &str = "read";
+        let (staging, mapped) = prepared?;
+        #[cfg(not(target_arch = "wasm32"))]
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::backend(OP, format!("waiting for the GPU failed: {e}")))?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = &device;
+        for check in checks {
+            check.settle().await?;
+        }
+        let result = mapped.recv_async().await.map_err(|_| Error::backend(OP, "the readback was dropped"))?;
+        result.map_err(|e| Error::backend(OP, format!("mapping the readback failed: {e}")))?;
+        errors.check(OP)?;
+        let data = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| Error::backend(OP, format!("reading the mapped buffer failed: {e}")))?;
+            from_words(dtype, &view, len)?
+        };
+        staging.unmap();
+        Ok(data)
+    })
+}

@@ -1,0 +1,367 @@
+//! The WGSL sources and their specialisations.
+//!
+//! Every `.wgsl` file in `shaders/` is one op family. A kernel is specialised
+//! by substituting a few `{PLACEHOLDERS}` (element types, an op expression)
+//! in its file's text, after `common.wgsl` (the parameter binding and shared
+//! helpers). A [`Kernel`] names one generated variant; [`Kernel::source`]
+//! makes its WGSL and [`all_kernels`] lists every variant the backend can
+//! generate (the naga test validates each of them without a device).
+
+use kiln_core::op::{BinaryOp, CompareOp, ReduceOp, UnaryOp};
+use kiln_core::DType;
+
+pub const COMMON: &str = include_str!("shaders/common.wgsl");
+pub const FILL: &str = include_str!("shaders/fill.wgsl");
+pub const UNARY: &str = include_str!("shaders/unary.wgsl");
+pub const BINARY: &str = include_str!("shaders/binary.wgsl");
+pub const WHERE: &str = include_str!("shaders/where.wgsl");
+pub const CAST: &str = include_str!("shaders/cast.wgsl");
+pub const REDUCE: &str = include_str!("shaders/reduce.wgsl");
+pub const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+pub const MOVEMENT: &str = include_str!("shaders/movement.wgsl");
+pub const INDEX: &str = include_str!("shaders/index.wgsl");
+pub const UPDATE: &str = include_str!("shaders/update.wgsl");
+
+/// Every shader file by name, for the naga test and for readers.
+pub const FILES: [(&str, &str); 11] = [
+    ("common.wgsl", COMMON),
+    ("fill.wgsl", FILL),
+    ("unary.wgsl", UNARY),
+    ("binary.wgsl", BINARY),
+    ("where.wgsl", WHERE),
+    ("cast.wgsl", CAST),
+    ("reduce.wgsl", REDUCE),
+    ("matmul.wgsl", MATMUL),
+    ("movement.wgsl", MOVEMENT),
+    ("index.wgsl", INDEX),
+    ("update.wgsl", UPDATE),
+];
+
+/// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
+pub const WG: u32 = 256;
+/// Highest rank the strided kernels take after the host has collapsed
+/// contiguous and unit axes (`MAX_DIMS` in common.wgsl).
+pub const MAX_DIMS: usize = 8;
+/// Words of the strided-geometry parameter block (see common.wgsl).
+pub const GEOMETRY_WORDS: usize = 10 + 4 * (MAX_DIMS + 1);
+
+/// How an element is stored on the GPU: bools are 0/1 `u32` words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ty {
+    F32,
+    I32,
+    U32,
+}
+
+impl Ty {
+    /// The storage type of a dtype; f64 has none (WGSL has no f64).
+    pub fn of(dtype: DType) -> Option<Ty> {
+        match dtype {
+            DType::F32 => Some(Ty::F32),
+            DType::I32 => Some(Ty::I32),
+            DType::Bool => Some(Ty::U32),
+            DType::F64 => None,
+        }
+    }
+    pub fn wgsl(self) -> &'static str {
+        match self {
+            Ty::F32 => "f32",
+            Ty::I32 => "i32",
+            Ty::U32 => "u32",
+        }
+    }
+    const ALL: [Ty; 3] = [Ty::F32, Ty::I32, Ty::U32];
+}
+
+/// One generated shader module. Entry points are chosen at pipeline creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Full and Arange into the given type.
+    Fill(Ty),
+    Unary(UnaryOp, Ty),
+    Binary(BinaryOp, Ty),
+    /// Comparison of two operands of the given type (bool output).
+    Compare(CompareOp, Ty),
+    Where(Ty),
+    /// From, to.
+    Cast(Ty, Ty),
+    /// The reduction of the given input type.
+    Reduce(ReduceOp, Ty),
+    MatMul,
+    /// The strided word copy (movement.wgsl).
+    Copy,
+    /// index.wgsl with the given element type.
+    Index(Ty),
+    Update,
+}
+
+impl Kernel {
+    /// Entry points of the module (pipelines are made per entry point).
+    pub fn entry_points(self) -> &'static [&'static str] {
+        match self {
+            Kernel::Reduce(..) => &["serial", "tree"],
+            Kernel::Index(_) => &["check", "gather", "scatter"],
+            Kernel::Update => &["sgd", "sgd_momentum", "adam"],
+            _ => &["main"],
+        }
+    }
+
+    /// A short stable name for labels and error messages.
+    pub fn label(self) -> String {
+        format!("{self:?}")
+    }
+
+    /// The complete WGSL of this variant, or None when the combination does
+    /// not exist (an op the type does not support).
+    pub fn source(self) -> Option<String> {
+        let body = match self {
+            Kernel::Fill(t) => {
+                let (from_f32, from_i32) = match t {
+                    Ty::F32 => ("", "f32"),
+                    Ty::I32 => ("f32_to_i32", ""),
+                    Ty::U32 => ("f32_to_bool", "i32_to_bool"),
+                };
+                fill(FILL, &[("{T}", t.wgsl()), ("{FROM_F32}", from_f32), ("{FROM_I32}", from_i32)])
+            }
+            Kernel::Unary(op, t) => fill(UNARY, &[("{T}", t.wgsl()), ("{EXPR}", unary_expr(op, t)?)]),
+            Kernel::Binary(op, t) => {
+                fill(BINARY, &[("{TI}", t.wgsl()), ("{TO}", t.wgsl()), ("{EXPR}", binary_expr(op, t)?)])
+            }
+            Kernel::Compare(op, t) => {
+                fill(BINARY, &[("{TI}", t.wgsl()), ("{TO}", "u32"), ("{EXPR}", compare_expr(op))])
+            }
+            Kernel::Where(t) => fill(WHERE, &[("{T}", t.wgsl())]),
+            Kernel::Cast(from, to) => {
+                fill(CAST, &[("{TI}", from.wgsl()), ("{TO}", to.wgsl()), ("{CONVERT}", cast_fn(from, to))])
+            }
+            Kernel::Reduce(op, t) => reduce(op, t)?,
+            Kernel::MatMul => MATMUL.to_string(),
+            Kernel::Copy => MOVEMENT.to_string(),
+            Kernel::Index(t) => fill(INDEX, &[("{T}", t.wgsl())]),
+            Kernel::Update => UPDATE.to_string(),
+        };
+        Some(format!("{COMMON}\n{body}"))
+    }
+}
+
+/// Substitute placeholders in code lines; comment lines (which document the
+/// placeholders) are left as written.
+fn fill(text: &str, subs: &[(&str, &str)]) -> String {
+    let mut s = String::with_capacity(text.len() + 256);
+    for line in text.lines() {
+        if line.trim_start().starts_with("//") {
+            s.push_str(line);
+        } else {
+            let mut l = line.to_string();
+            for (k, v) in subs {
+                l = l.replace(k, v);
+            }
+            s.push_str(&l);
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The expression of `v` that computes a unary op (None: no such variant).
+pub fn unary_expr(op: UnaryOp, t: Ty) -> Option<&'static str> {
+    match t {
+        Ty::F32 => Some(match op {
+            UnaryOp::Neg => "-v",
+            UnaryOp::Abs => "abs(v)",
+            UnaryOp::Exp => "exp(v)",
+            UnaryOp::Log => "log(v)",
+            UnaryOp::Sqrt => "sqrt(v)",
+            UnaryOp::Recip => "1.0 / v",
+            UnaryOp::Sin => "sin(v)",
+            UnaryOp::Cos => "cos(v)",
+            UnaryOp::Tanh => "op_tanh(v)",
+            UnaryOp::Sigmoid => "op_sigmoid(v)",
+            UnaryOp::Relu => "op_relu_f(v)",
+            UnaryOp::Erf => "op_erf(v)",
+            UnaryOp::Erfc => "op_erfc(v)",
+            UnaryOp::Sign => "op_sign_f(v)",
+        }),
+        Ty::I32 => match op {
+            UnaryOp::Neg => Some("-v"),
+            UnaryOp::Abs => Some("abs(v)"),
+            UnaryOp::Relu => Some("op_relu_i(v)"),
+            UnaryOp::Sign => Some("op_sign_i(v)"),
+            _ => None,
+        },
+        Ty::U32 => None,
+    }
+}
+
+pub fn binary_expr(op: BinaryOp, t: Ty) -> Option<&'static str> {
+    match (op, t) {
+        (_, Ty::U32) => None,
+        (BinaryOp::Add, _) => Some("a + b"),
+        (BinaryOp::Sub, _) => Some("a - b"),
+        (BinaryOp::Mul, _) => Some("a * b"),
+        (BinaryOp::Div, Ty::F32) => Some("a / b"),
+        (BinaryOp::Pow, Ty::F32) => Some("pow_f(a, b)"),
+        (BinaryOp::Maximum, Ty::F32) => Some("max_f(a, b)"),
+        (BinaryOp::Minimum, Ty::F32) => Some("min_f(a, b)"),
+        (BinaryOp::Maximum, Ty::I32) => Some("max(a, b)"),
+        (BinaryOp::Minimum, Ty::I32) => Some("min(a, b)"),
+        (BinaryOp::Div | BinaryOp::Pow, Ty::I32) => None,
+    }
+}
+
+pub fn compare_expr(op: CompareOp) -> &'static str {
+    match op {
+        CompareOp::Equal => "cmp(a == b)",
+        CompareOp::NotEqual => "cmp(!(a == b))",
+        CompareOp::Less => "cmp(a < b)",
+        CompareOp::LessEqual => "cmp(a <= b)",
+        CompareOp::Greater => "cmp(a > b)",
+        CompareOp::GreaterEqual => "cmp(a >= b)",
+    }
+}
+
+pub fn cast_fn(from: Ty, to: Ty) -> &'static str {
+    match (from, to) {
+        (Ty::F32, Ty::F32) | (Ty::I32, Ty::I32) | (Ty::U32, Ty::U32) => "",
+        (Ty::F32, Ty::I32) => "f32_to_i32",
+        (Ty::F32, Ty::U32) => "f32_to_bool",
+        (Ty::I32, Ty::U32) => "i32_to_bool",
+        (_, Ty::F32) => "f32",
+        (_, Ty::I32) => "i32",
+    }
+}
+
+fn reduce(op: ReduceOp, t: Ty) -> Option<String> {
+    let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
+    if !arg && t == Ty::U32 {
+        return None; // Sum/Max/... of bools: the CPU refuses them too.
+    }
+    let ty = t.wgsl();
+    let nan = if t == Ty::F32 { "is_nan" } else { "never_nan" };
+    let init = match op {
+        ReduceOp::Sum => format!("Acc({ty}(0), 0u, 1u)"),
+        ReduceOp::Prod => format!("Acc({ty}(1), 0u, 1u)"),
+        _ => format!("Acc({ty}(0), 0u, 0u)"),
+    };
+    // a is the earlier partial, b the later one (by position in the block
+    // for `serial`; by lane for `tree`, where only the values matter except
+    // for the arg reductions, which compare indices).
+    let combine = match op {
+        ReduceOp::Sum => "return Acc(a.v + b.v, 0u, 1u);".to_string(),
+        ReduceOp::Prod => "return Acc(a.v * b.v, 0u, 1u);".to_string(),
+        ReduceOp::Max | ReduceOp::Min => {
+            let keep = if op == ReduceOp::Max { ">=" } else { "<=" };
+            format!(
+                "if ({nan}(a.v)) {{ return a; }}\n    if ({nan}(b.v)) {{ return b; }}\n    \
+                 if (a.v {keep} b.v) {{ return a; }}\n    return b;"
+            )
+        }
+        ReduceOp::ArgMax | ReduceOp::ArgMin => {
+            let better = if op == ReduceOp::ArgMax { ">" } else { "<" };
+            format!(
+                "let an = {nan}(a.v);\n    let bn = {nan}(b.v);\n    \
+                 if (an && bn) {{ return earlier(a, b); }}\n    if (an) {{ return a; }}\n    \
+                 if (bn) {{ return b; }}\n    if (a.v == b.v) {{ return earlier(a, b); }}\n    \
+                 if (a.v {better} b.v) {{ return a; }}\n    return b;"
+            )
+        }
+    };
+    let (to, out) = if arg { ("i32", "i32(acc.i)") } else { (ty, "acc.v") };
+    Some(fill(REDUCE, &[("{T}", ty), ("{TO}", to), ("{INIT}", &init), ("{COMBINE}", &combine), ("{OUT}", out)]))
+}
+
+/// Every variant the backend can generate.
+pub fn all_kernels() -> Vec<Kernel> {
+    let mut v = vec![Kernel::MatMul, Kernel::Copy, Kernel::Update];
+    for t in Ty::ALL {
+        v.push(Kernel::Fill(t));
+        v.push(Kernel::Where(t));
+        v.push(Kernel::Index(t));
+        for to in Ty::ALL {
+            v.push(Kernel::Cast(t, to));
+        }
+        for op in UnaryOp::ALL {
+            v.push(Kernel::Unary(op, t));
+        }
+        for op in BinaryOp::ALL {
+            v.push(Kernel::Binary(op, t));
+        }
+        for op in CompareOp::ALL {
+            v.push(Kernel::Compare(op, t));
+        }
+        for op in ReduceOp::ALL {
+            v.push(Kernel::Reduce(op, t));
+        }
+    }
+    v.retain(|k| k.source().is_some());
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(name: &str, src: &str) {
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("{name} does not parse:\n{}", e.emit_to_string(src)));
+        let mut validator =
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+        if let Err(e) = validator.validate(&module) {
+            panic!("{name} does not validate:\n{}", e.emit_to_string(src));
+        }
+    }
+
+    #[test]
+    fn every_file_parses_and_validates() {
+        // The files themselves, placeholders filled with f32 defaults, so a
+        // file is checked even before any variant of it is generated.
+        validate("common.wgsl", COMMON);
+        for (name, text) in FILES.iter().skip(1) {
+            let src = format!(
+                "{COMMON}\n{}",
+                fill(
+                    text,
+                    &[
+                        ("{T}", "f32"),
+                        ("{TI}", "f32"),
+                        ("{TO}", "f32"),
+                        ("{EXPR}", if *name == "unary.wgsl" { "v" } else { "a + b" }),
+                        ("{FROM_F32}", ""),
+                        ("{FROM_I32}", "f32"),
+                        ("{CONVERT}", ""),
+                        ("{INIT}", "Acc(0.0, 0u, 1u)"),
+                        ("{COMBINE}", "return Acc(a.v + b.v, 0u, 1u);"),
+                        ("{OUT}", "acc.v"),
+                    ]
+                )
+            );
+            validate(name, &src);
+        }
+    }
+
+    #[test]
+    fn every_generated_variant_parses_and_validates() {
+        let kernels = all_kernels();
+        // fill, where, index x 3 types; 9 casts; 14 + 4 unary; 18 compares;
+        // 7 + 5 binary; 6 + 6 + 2 reductions; matmul, copy, update.
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 18 + 12 + 18 + 14 + 3, "{kernels:?}");
+        for k in kernels {
+            let src = k.source().expect("listed variants exist");
+            let code: String = src.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+            for p in ["{T}", "{TI}", "{TO}", "{EXPR}", "{CONVERT}", "{INIT}", "{COMBINE}", "{OUT}", "{FROM_"] {
+                assert!(!code.contains(p), "{k:?} has an unfilled placeholder {p}");
+            }
+            validate(&k.label(), &src);
+            let module = naga::front::wgsl::parse_str(&src).unwrap();
+            for entry in k.entry_points() {
+                assert!(module.entry_points.iter().any(|e| e.name == *entry), "{k:?} lacks entry point {entry}");
+            }
+        }
+    }
+
+    #[test]
+    fn f64_has_no_storage_type() {
+        assert_eq!(Ty::of(DType::F64), None);
+        assert_eq!(Ty::of(DType::Bool), Some(Ty::U32));
+    }
+}
