@@ -1,0 +1,66 @@
+//! Errors as JavaScript sees them.
+//!
+//! Every failure reaches JS as a thrown `Error` (name `"KilnError"`) whose
+//! `message` is exactly `kiln_core::Error`'s `Display` (op, what was wrong,
+//! source location), with the broad `kind` ("Shape", "DType", ...,
+//! "StaleTensor") and the refusing `op` as extra properties.
+
+use wasm_bindgen::JsValue;
+
+/// An error on its way to JavaScript. Plain Rust data, so native tests can
+/// inspect it; it becomes a JS `Error` only at the wasm-bindgen boundary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KilnError {
+    pub message: String,
+    pub kind: &'static str,
+    pub op: &'static str,
+}
+
+pub type Res<T> = Result<T, KilnError>;
+
+impl KilnError {
+    pub fn new(kind: &'static str, op: &'static str, message: impl Into<String>) -> KilnError {
+        KilnError { message: message.into(), kind, op }
+    }
+
+    /// An argument JavaScript passed does not have the expected type.
+    pub fn argument(op: &'static str, message: impl Into<String>) -> KilnError {
+        KilnError::new("InvalidArgument", op, format!("{op}: {}", message.into()))
+    }
+}
+
+impl std::fmt::Display for KilnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<kiln_core::Error> for KilnError {
+    fn from(e: kiln_core::Error) -> KilnError {
+        KilnError { message: e.to_string(), kind: kind_name(e.kind()), op: e.op() }
+    }
+}
+
+fn kind_name(kind: kiln_core::ErrorKind) -> &'static str {
+    use kiln_core::ErrorKind::*;
+    match kind {
+        Shape => "Shape",
+        DType => "DType",
+        OutOfRange => "OutOfRange",
+        InvalidArgument => "InvalidArgument",
+        Autograd => "Autograd",
+        Backend => "Backend",
+        Unsupported => "Unsupported",
+        Io => "Io",
+    }
+}
+
+impl From<KilnError> for JsValue {
+    fn from(e: KilnError) -> JsValue {
+        let error = js_sys::Error::new(&e.message);
+        error.set_name("KilnError");
+        let _ = js_sys::Reflect::set(&error, &JsValue::from_str("kind"), &JsValue::from_str(e.kind));
+        let _ = js_sys::Reflect::set(&error, &JsValue::from_str("op"), &JsValue::from_str(e.op));
+        error.into()
+    }
+}

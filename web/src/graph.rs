@@ -1,0 +1,329 @@
+//! Per-step graphs and tensor handles for JavaScript.
+//!
+//! In Rust a `Tensor<'g>` borrows its `Graph`, so a reset cannot happen
+//! while a handle is alive. JavaScript has no lifetimes, so here a handle is
+//! plain data: (graph, generation, index). The graph's generation counter
+//! moves on every `reset()`, and a handle from an older generation is refused
+//! with a clear error instead of reading whatever node now has its id.
+//!
+//! How the borrow is kept sound: one step's `kiln_core::Graph` lives in a
+//! reference-counted [`Slot`] at a fixed heap address, next to the registry of
+//! the `Tensor<'static>` handles given out for it. Those handles are only
+//! used while an `Rc<Slot>` is held (inside one call, or by a pending read),
+//! so the graph they point to is alive. `reset()` clears the registry and
+//! resets the graph in place when nothing else holds the slot; when a read is
+//! still pending it starts a fresh slot instead and the old one is dropped
+//! when the read completes.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use kiln_core::{DType, Device, Graph as CoreGraph, HostData, Tensor as CoreTensor};
+
+use crate::error::{KilnError, Res};
+
+thread_local! {
+    static NEXT_GRAPH_ID: Cell<u32> = const { Cell::new(1) };
+}
+
+/// One step's graph plus the handles JavaScript holds into it.
+pub(crate) struct Slot {
+    /// Declared first so it is dropped before the graph it points into.
+    tensors: RefCell<Vec<CoreTensor<'static>>>,
+    graph: CoreGraph,
+    generation: u64,
+}
+
+impl Slot {
+    fn new(device: &Device, generation: u64) -> Rc<Slot> {
+        Rc::new(Slot { tensors: RefCell::new(Vec::new()), graph: CoreGraph::new(device), generation })
+    }
+
+    /// The graph with a lifetime that lasts as long as the caller keeps this
+    /// slot alive (see the module docs).
+    pub(crate) fn graph(&self) -> &'static CoreGraph {
+        // SAFETY: the graph sits inside an `Rc` allocation that never moves;
+        // every `'static` borrow made here is used only while an `Rc<Slot>`
+        // is held, and the registry of such borrows is cleared before the
+        // graph is reset or dropped.
+        unsafe { &*(&self.graph as *const CoreGraph) }
+    }
+
+    fn get(&self, index: u32) -> CoreTensor<'static> {
+        self.tensors.borrow()[index as usize]
+    }
+}
+
+pub(crate) struct GraphShared {
+    device: Device,
+    id: u32,
+    slot: RefCell<Option<Rc<Slot>>>,
+    generation: Cell<u64>,
+}
+
+impl GraphShared {
+    fn current(&self) -> Res<Rc<Slot>> {
+        self.slot.borrow().clone().ok_or_else(|| {
+            KilnError::new(
+                "StaleTensor",
+                "Graph",
+                format!("graph #{} was freed; make a new graph with kiln.graph()", self.id),
+            )
+        })
+    }
+
+    /// The live slot, provided it is still at `generation`.
+    fn slot_at(&self, generation: u64, what: &str) -> Res<Rc<Slot>> {
+        let slot = self.current()?;
+        if slot.generation != generation {
+            return Err(KilnError::new(
+                "StaleTensor",
+                "Tensor",
+                format!(
+                    "{what} belongs to step {generation} of graph #{}, which was reset and is now at step {}; \
+                     tensors live for one step: make new ones after graph.reset()",
+                    self.id, slot.generation
+                ),
+            ));
+        }
+        Ok(slot)
+    }
+
+    pub(crate) fn register(self: &Rc<Self>, slot: &Slot, tensor: CoreTensor<'static>) -> Tensor {
+        let mut tensors = slot.tensors.borrow_mut();
+        let index = tensors.len() as u32;
+        tensors.push(tensor);
+        Tensor { graph: self.clone(), generation: slot.generation, index }
+    }
+}
+
+/// A computation graph for one training step (or one evaluation).
+///
+/// Build tensors with `tensor()`, `variable()`, `param()`; combine them with
+/// the `Tensor` methods; read values with the Promise-returning `toArray()`
+/// and `item()`. Call `reset()` before the next step: it frees every
+/// intermediate buffer at once, and every `Tensor` of the old step becomes
+/// stale (using one throws a `KilnError` of kind `"StaleTensor"`).
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub struct Graph {
+    pub(crate) shared: Rc<GraphShared>,
+}
+
+/// A handle to one value of one step of a `Graph`. Cheap to create and to
+/// drop; it holds no device memory itself (the graph does, until its reset).
+#[wasm_bindgen::prelude::wasm_bindgen]
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) graph: Rc<GraphShared>,
+    pub(crate) generation: u64,
+    pub(crate) index: u32,
+}
+
+impl Graph {
+    pub(crate) fn create(device: &Device) -> Graph {
+        let id = NEXT_GRAPH_ID.with(|n| {
+            let id = n.get();
+            n.set(id + 1);
+            id
+        });
+        Graph {
+            shared: Rc::new(GraphShared {
+                device: device.clone(),
+                id,
+                slot: RefCell::new(Some(Slot::new(device, 1))),
+                generation: Cell::new(1),
+            }),
+        }
+    }
+
+    /// Run `f` on the live graph and register the tensor it returns.
+    pub(crate) fn make(&self, f: impl FnOnce(&'static CoreGraph) -> kiln_core::Result<CoreTensor<'static>>) -> Res<Tensor> {
+        let slot = self.shared.current()?;
+        let tensor = f(slot.graph())?;
+        Ok(self.shared.register(&slot, tensor))
+    }
+
+    pub(crate) fn slot(&self) -> Res<Rc<Slot>> {
+        self.shared.current()
+    }
+
+    /// Start the next step (see the type docs).
+    pub fn reset_graph(&self) {
+        let generation = self.shared.generation.get() + 1;
+        self.shared.generation.set(generation);
+        let mut cell = self.shared.slot.borrow_mut();
+        let Some(slot) = cell.as_mut() else { return };
+        slot.tensors.borrow_mut().clear();
+        match Rc::get_mut(slot) {
+            // Nothing else holds the step: reset in place, keeping the
+            // arenas' capacity (O(1) in the node count).
+            Some(unique) => {
+                unique.graph.reset();
+                unique.generation = generation;
+            }
+            // A read is still pending on the old step: it keeps that graph
+            // alive until it completes; this one starts afresh.
+            None => *slot = Slot::new(&self.shared.device, generation),
+        }
+    }
+
+    /// Make the graph unusable and release the step now (its tensors become
+    /// stale). Pending reads keep what they need until they complete.
+    pub(crate) fn close(&self) {
+        let old = self.shared.slot.borrow_mut().take();
+        if let Some(slot) = &old {
+            slot.tensors.borrow_mut().clear();
+        }
+        drop(old);
+    }
+
+    pub(crate) fn generation_now(&self) -> u64 {
+        self.shared.generation.get()
+    }
+
+    pub(crate) fn id_number(&self) -> u32 {
+        self.shared.id
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor(graph #{}, step {}, #{})", self.graph.id, self.generation, self.index)
+    }
+}
+
+impl Tensor {
+    /// The live slot and this tensor's core handle, or the stale error.
+    pub(crate) fn resolve(&self) -> Res<(Rc<Slot>, CoreTensor<'static>)> {
+        let slot = self.graph.slot_at(self.generation, "this tensor")?;
+        let tensor = slot.get(self.index);
+        Ok((slot, tensor))
+    }
+
+    /// Apply a core op to this tensor and register the result.
+    pub(crate) fn map(&self, f: impl FnOnce(CoreTensor<'static>) -> kiln_core::Result<CoreTensor<'static>>) -> Res<Tensor> {
+        let (slot, t) = self.resolve()?;
+        let out = f(t)?;
+        Ok(self.graph.register(&slot, out))
+    }
+
+    /// Apply a core op to two tensors of the same step.
+    pub(crate) fn map2(
+        &self,
+        other: &Tensor,
+        op: &'static str,
+        f: impl FnOnce(CoreTensor<'static>, CoreTensor<'static>) -> kiln_core::Result<CoreTensor<'static>>,
+    ) -> Res<Tensor> {
+        if !Rc::ptr_eq(&self.graph, &other.graph) {
+            return Err(KilnError::new(
+                "InvalidArgument",
+                op,
+                format!(
+                    "{op}: operands belong to different graphs (#{} and #{}); build both in one graph",
+                    self.graph.id, other.graph.id
+                ),
+            ));
+        }
+        let (slot, a) = self.resolve()?;
+        let b = other.graph.slot_at(other.generation, "the other operand")?.get(other.index);
+        let out = f(a, b)?;
+        Ok(self.graph.register(&slot, out))
+    }
+
+    /// Apply a core op to many tensors of one step (concat).
+    pub(crate) fn map_many(
+        tensors: &[Tensor],
+        op: &'static str,
+        f: impl FnOnce(&[CoreTensor<'static>]) -> kiln_core::Result<CoreTensor<'static>>,
+    ) -> Res<Tensor> {
+        let Some(first) = tensors.first() else {
+            return Err(KilnError::argument(op, "needs at least one tensor"));
+        };
+        let (slot, _) = first.resolve()?;
+        let mut core = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            if !Rc::ptr_eq(&first.graph, &t.graph) {
+                return Err(KilnError::argument(op, "tensors belong to different graphs"));
+            }
+            core.push(t.resolve()?.1);
+        }
+        let out = f(&core)?;
+        Ok(first.graph.register(&slot, out))
+    }
+
+    /// Start reading the values: the graph runs now (so the values read are
+    /// those of this moment, whatever happens to parameters afterwards) and
+    /// the returned future completes when the device has copied them out.
+    pub(crate) fn read(&self) -> Res<ReadFuture> {
+        let (slot, tensor) = self.resolve()?;
+        // The future keeps the slot (and so the graph) alive until it is done.
+        let future: Pin<Box<dyn Future<Output = kiln_core::Result<HostData>>>> = Box::pin(async move {
+            let result = tensor.to_host().await;
+            drop(slot);
+            result
+        });
+        Ok(ReadFuture::start(future))
+    }
+
+    pub(crate) fn core_dtype(&self) -> Res<DType> {
+        Ok(self.resolve()?.1.dtype())
+    }
+}
+
+/// A read in progress. Polled once on creation, so the graph executes (and
+/// the backend snapshots the buffer) before control returns to JavaScript.
+pub(crate) enum ReadFuture {
+    Done(Option<kiln_core::Result<HostData>>),
+    Pending(Pin<Box<dyn Future<Output = kiln_core::Result<HostData>>>>),
+}
+
+impl ReadFuture {
+    fn start(mut future: Pin<Box<dyn Future<Output = kiln_core::Result<HostData>>>>) -> ReadFuture {
+        let mut cx = Context::from_waker(Waker::noop());
+        match future.as_mut().poll(&mut cx) {
+            Poll::Ready(result) => ReadFuture::Done(Some(result)),
+            Poll::Pending => ReadFuture::Pending(future),
+        }
+    }
+}
+
+impl Future for ReadFuture {
+    type Output = Res<HostData>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Res<HostData>> {
+        match self.get_mut() {
+            ReadFuture::Done(result) => Poll::Ready(result.take().expect("polled after completion").map_err(Into::into)),
+            ReadFuture::Pending(future) => future.as_mut().poll(cx).map(|r| r.map_err(Into::into)),
+        }
+    }
+}
+
+pub(crate) fn parse_dtype(op: &'static str, name: Option<String>) -> Res<DType> {
+    match name.as_deref() {
+        None | Some("float32") | Some("f32") => Ok(DType::F32),
+        Some("int32") | Some("i32") => Ok(DType::I32),
+        Some("float64") | Some("f64") => Ok(DType::F64),
+        Some("bool") => Ok(DType::Bool),
+        Some(other) => Err(KilnError::argument(
+            op,
+            format!("unknown dtype '{other}'; use 'float32', 'int32', 'float64' or 'bool'"),
+        )),
+    }
+}
+
+pub(crate) fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "float32",
+        DType::I32 => "int32",
+        DType::F64 => "float64",
+        DType::Bool => "bool",
+    }
+}

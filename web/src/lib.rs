@@ -1,0 +1,54 @@
+//! kiln-web: kiln for JavaScript and TypeScript, through wasm-bindgen.
+//!
+//! ```js
+//! import { init, Kiln, crossEntropy, Adam, loadDigits } from 'kiln-web';
+//! await init();
+//! const kiln = await Kiln.create();            // WebGPU when available, else CPU
+//! const model = kiln.mlp([64, 64, 10]);
+//! const opt = new Adam(model, 1e-2);
+//! const g = kiln.graph();
+//! g.reset();                                   // one graph per step
+//! const loss = crossEntropy(model.forward(g.tensor(x, [n, 64])), g.tensor(y, [n]));
+//! opt.zeroGrad(); loss.backward(); opt.step();
+//! console.log(await loss.item());
+//! ```
+//!
+//! Layout: `session` (device choice, factories), `graph` (per-step graphs
+//! and stale-handle detection), `tensor_api` (the operators), `nn`
+//! (parameters, modules, losses, optimizers), `data` (embedded digits),
+//! `promise` (reads as Promises), `error` (errors as JS exceptions).
+
+pub mod data;
+pub mod error;
+pub mod graph;
+pub mod nn;
+pub mod promise;
+pub mod session;
+pub mod tensor_api;
+
+pub use data::Dataset;
+pub use error::{KilnError, Res};
+pub use graph::{Graph, Tensor};
+pub use nn::{Adam, Linear, Param, Sequential, Sgd};
+pub use session::Kiln;
+
+use wasm_bindgen::prelude::*;
+
+/// The kiln-web version.
+#[wasm_bindgen]
+pub fn version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
+}
+
+/// Runs when the module loads: a Rust panic (a kiln bug, never bad input)
+/// is printed to the console before the wasm trap.
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen(start)]
+pub fn start() {
+    std::panic::set_hook(Box::new(|info| {
+        web_sys::console::error_1(&format!("kiln-web panicked (this is a bug in kiln): {info}").into());
+    }));
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,520 @@
+//! Parameters, modules, losses and optimizers for JavaScript.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use js_sys::Array;
+use kiln_core::nn::{self, Activation, Module};
+use kiln_core::optim::{self, Optimizer};
+use kiln_core::Tensor as CoreTensor;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+use crate::error::{KilnError, Res};
+use crate::graph::{dtype_name, Tensor};
+use crate::promise::{promise_now, ArrayPromise};
+use crate::tensor_api::{host_from_js, host_to_js, HostArray, IntList};
+
+#[wasm_bindgen]
+extern "C" {
+    /// Any JS value that may be one of kiln's objects.
+    type Handle;
+    #[wasm_bindgen(method, catch, js_name = "__kilnParam")]
+    fn kiln_param(this: &Handle) -> Result<(), JsValue>;
+    #[wasm_bindgen(method, catch, js_name = "__kilnModule")]
+    fn kiln_module(this: &Handle) -> Result<(), JsValue>;
+
+    /// What an optimizer updates: an array of parameters, or a module
+    /// (all of its parameters).
+    #[wasm_bindgen(typescript_type = "Param[] | Linear | Sequential")]
+    pub type ParamsArg;
+
+    /// A layer for `Sequential.add`: a module or an activation name.
+    #[wasm_bindgen(typescript_type = "Linear | Sequential | 'relu' | 'tanh' | 'sigmoid' | 'gelu' | 'silu'")]
+    pub type LayerArg;
+
+    #[wasm_bindgen(typescript_type = "Param[]")]
+    pub type ParamArray;
+
+    #[wasm_bindgen(typescript_type = "Promise<Float32Array | Float64Array | undefined>")]
+    pub type GradPromise;
+}
+
+thread_local! {
+    static PARAM_HANDOFF: RefCell<Option<kiln_core::Param>> = const { RefCell::new(None) };
+    static MODULE_HANDOFF: RefCell<Option<Rc<dyn Module>>> = const { RefCell::new(None) };
+}
+
+fn param_from_js(op: &'static str, value: &JsValue) -> Res<kiln_core::Param> {
+    PARAM_HANDOFF.with(|h| h.borrow_mut().take());
+    let called = value.unchecked_ref::<Handle>().kiln_param();
+    match (called, PARAM_HANDOFF.with(|h| h.borrow_mut().take())) {
+        (Ok(()), Some(p)) => Ok(p),
+        _ => Err(KilnError::argument(op, "expected a Param")),
+    }
+}
+
+fn module_from_js(op: &'static str, value: &JsValue) -> Res<Rc<dyn Module>> {
+    if let Some(name) = value.as_string() {
+        return Ok(Rc::new(parse_activation(op, &name)?));
+    }
+    MODULE_HANDOFF.with(|h| h.borrow_mut().take());
+    let called = value.unchecked_ref::<Handle>().kiln_module();
+    match (called, MODULE_HANDOFF.with(|h| h.borrow_mut().take())) {
+        (Ok(()), Some(m)) => Ok(m),
+        _ => Err(KilnError::argument(op, "expected a Linear, a Sequential or an activation name")),
+    }
+}
+
+/// Parameters from an array of `Param`s or from a module.
+pub(crate) fn params_from_js(op: &'static str, value: &JsValue) -> Res<Vec<kiln_core::Param>> {
+    if Array::is_array(value) {
+        return value.unchecked_ref::<Array>().iter().map(|v| param_from_js(op, &v)).collect();
+    }
+    module_from_js(op, value)
+        .map(|m| m.parameters())
+        .map_err(|_| KilnError::argument(op, "expected an array of Params or a module"))
+}
+
+pub(crate) fn parse_activation(op: &'static str, name: &str) -> Res<Activation> {
+    Ok(match name {
+        "relu" => Activation::Relu,
+        "tanh" => Activation::Tanh,
+        "sigmoid" => Activation::Sigmoid,
+        "gelu" => Activation::Gelu,
+        "silu" => Activation::Silu,
+        other => {
+            return Err(KilnError::argument(
+                op,
+                format!("unknown activation '{other}'; use 'relu', 'tanh', 'sigmoid', 'gelu' or 'silu'"),
+            ))
+        }
+    })
+}
+
+fn shape_array(dims: &[usize]) -> IntList {
+    let out = Array::new();
+    for &d in dims {
+        out.push(&JsValue::from_f64(d as f64));
+    }
+    out.unchecked_into()
+}
+
+fn forward_with(module: &dyn Module, x: &Tensor) -> Res<Tensor> {
+    x.map(|t: CoreTensor<'static>| module.forward(t))
+}
+
+fn wrap_params(params: Vec<kiln_core::Param>) -> Vec<Param> {
+    params.into_iter().map(|inner| Param { inner }).collect()
+}
+
+// ----- Param ---------------------------------------------------------------
+
+/// A trainable tensor that lives outside graphs, with its gradient.
+/// Long-lived: release it with `free()` (or let the garbage collector).
+#[wasm_bindgen]
+pub struct Param {
+    pub(crate) inner: kiln_core::Param,
+}
+
+impl Param {
+    pub(crate) fn core(&self) -> &kiln_core::Param {
+        &self.inner
+    }
+}
+
+#[wasm_bindgen]
+impl Param {
+    /// Lets kiln's functions accept a Param inside arrays. Not for users.
+    #[wasm_bindgen(js_name = "__kilnParam")]
+    pub fn handoff(&self) {
+        PARAM_HANDOFF.with(|h| *h.borrow_mut() = Some(self.inner.clone()));
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    #[wasm_bindgen(setter)]
+    pub fn set_name(&self, name: String) {
+        self.inner.set_name(&name);
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn shape(&self) -> IntList {
+        shape_array(&self.inner.dims())
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn size(&self) -> u32 {
+        self.inner.numel() as u32
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn dtype(&self) -> String {
+        dtype_name(self.inner.dtype()).to_string()
+    }
+
+    /// False freezes the parameter: graphs treat it as a constant.
+    #[wasm_bindgen(getter, js_name = requiresGrad)]
+    pub fn requires_grad(&self) -> bool {
+        self.inner.requires_grad()
+    }
+
+    #[wasm_bindgen(setter, js_name = requiresGrad)]
+    pub fn set_requires_grad(&self, value: bool) {
+        self.inner.set_requires_grad(value);
+    }
+
+    /// Whether a gradient has accumulated since the last `zeroGrad()`.
+    #[wasm_bindgen(getter, js_name = hasGrad)]
+    pub fn has_grad(&self) -> bool {
+        self.inner.has_grad()
+    }
+
+    #[wasm_bindgen(js_name = zeroGrad)]
+    pub fn zero_grad(&self) {
+        self.inner.zero_grad();
+    }
+
+    /// The current values.
+    pub fn value(&self) -> ArrayPromise {
+        let p = self.inner.clone();
+        promise_now(Box::pin(async move { Ok(p.value().await?) }), |d| Ok(host_to_js(d))).unchecked_into()
+    }
+
+    /// The accumulated gradient, or undefined before any backward.
+    pub fn grad(&self) -> GradPromise {
+        let p = self.inner.clone();
+        promise_now(Box::pin(async move { Ok(p.grad().await?) }), |d| {
+            Ok(d.map(host_to_js).unwrap_or(JsValue::UNDEFINED))
+        })
+        .unchecked_into()
+    }
+
+    /// Overwrite the values (same length and dtype).
+    #[wasm_bindgen(js_name = setValue)]
+    pub fn set_value(&self, data: &HostArray) -> Res<()> {
+        self.inner.set_value(&host_from_js("setValue", data)?)?;
+        Ok(())
+    }
+}
+
+// ----- Modules -------------------------------------------------------------
+
+/// y = x · Wᵀ + b, W stored [out, in] (PyTorch's layout and initialisation).
+#[wasm_bindgen]
+pub struct Linear {
+    pub(crate) inner: Rc<nn::Linear>,
+}
+
+struct SharedLinear(Rc<nn::Linear>);
+
+impl Module for SharedLinear {
+    fn forward<'g>(&self, x: CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>> {
+        self.0.forward(x)
+    }
+    fn parameters(&self) -> Vec<kiln_core::Param> {
+        self.0.parameters()
+    }
+}
+
+#[wasm_bindgen]
+impl Linear {
+    #[wasm_bindgen(js_name = "__kilnModule")]
+    pub fn handoff(&self) {
+        MODULE_HANDOFF.with(|h| *h.borrow_mut() = Some(Rc::new(SharedLinear(self.inner.clone()))));
+    }
+
+    /// Apply the layer to `x` ([..., inFeatures]).
+    pub fn forward(&self, x: &Tensor) -> Res<Tensor> {
+        forward_with(self.inner.as_ref(), x)
+    }
+
+    pub fn parameters(&self) -> Vec<Param> {
+        wrap_params(self.inner.parameters())
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn weight(&self) -> Param {
+        Param { inner: self.inner.weight.clone() }
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn bias(&self) -> Option<Param> {
+        self.inner.bias.clone().map(|inner| Param { inner })
+    }
+
+    #[wasm_bindgen(getter, js_name = inFeatures)]
+    pub fn in_features(&self) -> u32 {
+        self.inner.in_features() as u32
+    }
+
+    #[wasm_bindgen(getter, js_name = outFeatures)]
+    pub fn out_features(&self) -> u32 {
+        self.inner.out_features() as u32
+    }
+
+    #[wasm_bindgen(getter, js_name = numParameters)]
+    pub fn num_parameters(&self) -> u32 {
+        self.inner.num_parameters() as u32
+    }
+
+    #[wasm_bindgen(js_name = zeroGrad)]
+    pub fn zero_grad(&self) {
+        self.inner.zero_grad();
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct SeqInner {
+    layers: RefCell<Vec<Rc<dyn Module>>>,
+}
+
+impl Module for SeqInner {
+    fn forward<'g>(&self, x: CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>> {
+        let layers = self.layers.borrow().clone();
+        layers.iter().try_fold(x, |x, layer| layer.forward(x))
+    }
+    fn parameters(&self) -> Vec<kiln_core::Param> {
+        self.layers.borrow().iter().flat_map(|l| l.parameters()).collect()
+    }
+}
+
+/// Layers applied in order. Build one with `kiln.sequential()` and `add()`,
+/// or `kiln.mlp(widths)`.
+#[wasm_bindgen]
+pub struct Sequential {
+    pub(crate) inner: Rc<SeqInner>,
+}
+
+impl Sequential {
+    pub(crate) fn from_module(module: impl Module + 'static) -> Sequential {
+        let inner = SeqInner::default();
+        inner.layers.borrow_mut().push(Rc::new(module));
+        Sequential { inner: Rc::new(inner) }
+    }
+
+    pub(crate) fn empty() -> Sequential {
+        Sequential { inner: Rc::new(SeqInner::default()) }
+    }
+
+    /// Forward for native tests.
+    pub fn forward_native(&self, x: &Tensor) -> Res<Tensor> {
+        forward_with(self.inner.as_ref(), x)
+    }
+
+    pub fn core_parameters(&self) -> Vec<kiln_core::Param> {
+        self.inner.parameters()
+    }
+}
+
+#[wasm_bindgen]
+impl Sequential {
+    #[wasm_bindgen(js_name = "__kilnModule")]
+    pub fn handoff(&self) {
+        let inner: Rc<dyn Module> = self.inner.clone();
+        MODULE_HANDOFF.with(|h| *h.borrow_mut() = Some(inner));
+    }
+
+    /// Append a layer: a `Linear`, another `Sequential`, or an activation
+    /// name ('relu', 'tanh', 'sigmoid', 'gelu', 'silu'). The layer is shared,
+    /// not copied.
+    pub fn add(&self, layer: &LayerArg) -> Res<()> {
+        let m = module_from_js("Sequential.add", layer)?;
+        if Rc::as_ptr(&m) as *const () == Rc::as_ptr(&self.inner) as *const () {
+            return Err(KilnError::argument("Sequential.add", "cannot add a Sequential to itself"));
+        }
+        self.inner.layers.borrow_mut().push(m);
+        Ok(())
+    }
+
+    /// Apply every layer in order.
+    pub fn forward(&self, x: &Tensor) -> Res<Tensor> {
+        forward_with(self.inner.as_ref(), x)
+    }
+
+    pub fn parameters(&self) -> Vec<Param> {
+        wrap_params(self.inner.parameters())
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn length(&self) -> u32 {
+        self.inner.layers.borrow().len() as u32
+    }
+
+    #[wasm_bindgen(getter, js_name = numParameters)]
+    pub fn num_parameters(&self) -> u32 {
+        self.inner.num_parameters() as u32
+    }
+
+    #[wasm_bindgen(js_name = zeroGrad)]
+    pub fn zero_grad(&self) {
+        self.inner.zero_grad();
+    }
+}
+
+// ----- Losses --------------------------------------------------------------
+
+/// Mean softmax cross-entropy of `logits` [N, C] against int32 `labels` [N].
+#[wasm_bindgen(js_name = crossEntropy)]
+pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Res<Tensor> {
+    logits.map2(labels, "cross_entropy", nn::cross_entropy)
+}
+
+/// Mean cross-entropy against target probabilities [N, C].
+#[wasm_bindgen(js_name = crossEntropyProbs)]
+pub fn cross_entropy_probs(logits: &Tensor, targets: &Tensor) -> Res<Tensor> {
+    logits.map2(targets, "cross_entropy_probs", nn::cross_entropy_probs)
+}
+
+/// Mean negative log-likelihood of log-probabilities [N, C] at int32 labels.
+#[wasm_bindgen(js_name = nllLoss)]
+pub fn nll_loss(log_probs: &Tensor, labels: &Tensor) -> Res<Tensor> {
+    log_probs.map2(labels, "nll_loss", nn::nll_loss)
+}
+
+/// Mean squared error.
+#[wasm_bindgen(js_name = mseLoss)]
+pub fn mse_loss(prediction: &Tensor, target: &Tensor) -> Res<Tensor> {
+    prediction.map2(target, "mse_loss", nn::mse_loss)
+}
+
+// ----- Optimizers ----------------------------------------------------------
+
+/// Stochastic gradient descent (PyTorch's formulas): optional momentum,
+/// Nesterov momentum and L2 weight decay.
+#[wasm_bindgen]
+pub struct Sgd {
+    inner: optim::Sgd,
+}
+
+#[wasm_bindgen]
+impl Sgd {
+    /// `params`: an array of Params or a module.
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        params: &ParamsArg,
+        lr: f64,
+        momentum: Option<f64>,
+        weight_decay: Option<f64>,
+        nesterov: Option<bool>,
+    ) -> Res<Sgd> {
+        let params = params_from_js("Sgd", params)?;
+        Sgd::create(params, lr, momentum, weight_decay, nesterov)
+    }
+
+    /// Update every parameter that has a gradient.
+    pub fn step(&mut self) -> Res<()> {
+        Ok(self.inner.step()?)
+    }
+
+    /// Drop the gradients of every parameter this optimizer updates.
+    #[wasm_bindgen(js_name = zeroGrad)]
+    pub fn zero_grad(&self) {
+        self.inner.zero_grad();
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn lr(&self) -> f64 {
+        self.inner.learning_rate()
+    }
+
+    #[wasm_bindgen(setter)]
+    pub fn set_lr(&mut self, lr: f64) {
+        self.inner.set_learning_rate(lr);
+    }
+}
+
+impl Sgd {
+    pub fn create(
+        params: Vec<kiln_core::Param>,
+        lr: f64,
+        momentum: Option<f64>,
+        weight_decay: Option<f64>,
+        nesterov: Option<bool>,
+    ) -> Res<Sgd> {
+        let inner = optim::Sgd::with_options(
+            params,
+            lr,
+            momentum.unwrap_or(0.0),
+            weight_decay.unwrap_or(0.0),
+            nesterov.unwrap_or(false),
+        )?;
+        Ok(Sgd { inner })
+    }
+}
+
+/// Adam (PyTorch's formulas, bias-corrected); AdamW with `decoupled`.
+#[wasm_bindgen]
+pub struct Adam {
+    inner: optim::Adam,
+}
+
+#[wasm_bindgen]
+impl Adam {
+    /// `params`: an array of Params or a module. Defaults: betas (0.9,
+    /// 0.999), eps 1e-8, no weight decay; `decoupled` = true makes it AdamW.
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        params: &ParamsArg,
+        lr: f64,
+        beta1: Option<f64>,
+        beta2: Option<f64>,
+        eps: Option<f64>,
+        weight_decay: Option<f64>,
+        decoupled: Option<bool>,
+    ) -> Res<Adam> {
+        let params = params_from_js("Adam", params)?;
+        Adam::create(params, lr, beta1, beta2, eps, weight_decay, decoupled)
+    }
+
+    pub fn step(&mut self) -> Res<()> {
+        Ok(self.inner.step()?)
+    }
+
+    #[wasm_bindgen(js_name = zeroGrad)]
+    pub fn zero_grad(&self) {
+        self.inner.zero_grad();
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn lr(&self) -> f64 {
+        self.inner.learning_rate()
+    }
+
+    #[wasm_bindgen(setter)]
+    pub fn set_lr(&mut self, lr: f64) {
+        self.inner.set_learning_rate(lr);
+    }
+
+    /// Steps taken so far.
+    #[wasm_bindgen(getter)]
+    pub fn steps(&self) -> f64 {
+        self.inner.steps() as f64
+    }
+}
+
+impl Adam {
+    pub fn create(
+        params: Vec<kiln_core::Param>,
+        lr: f64,
+        beta1: Option<f64>,
+        beta2: Option<f64>,
+        eps: Option<f64>,
+        weight_decay: Option<f64>,
+        decoupled: Option<bool>,
+    ) -> Res<Adam> {
+        let inner = optim::Adam::with_options(
+            params,
+            lr,
+            (beta1.unwrap_or(0.9), beta2.unwrap_or(0.999)),
+            eps.unwrap_or(1e-8),
+            weight_decay.unwrap_or(0.0),
+            decoupled.unwrap_or(false),
+        )?;
+        Ok(Adam { inner })
+    }
+}
+

@@ -1,0 +1,162 @@
+//! Native tests of the handle machinery and the training path (the same
+//! Rust code the browser runs, minus the JS glue).
+
+use kiln_core::HostData;
+
+use crate::graph::Graph;
+use crate::nn::{cross_entropy, mse_loss, Adam, Sgd};
+use crate::session::Kiln;
+
+fn f32s(h: HostData) -> Vec<f32> {
+    match h {
+        HostData::F32(v) => v,
+        other => panic!("expected f32, got {:?}", other.dtype()),
+    }
+}
+
+#[test]
+fn ops_compute_and_read() {
+    let kiln = Kiln::cpu();
+    let g = kiln.graph();
+    let a = g.from_host(HostData::F32(vec![1.0, 2.0, 3.0, 4.0]), &[2, 2]).unwrap();
+    let b = a.mul_number(2.0).unwrap().add_tensor(&a).unwrap();
+    assert_eq!(f32s(b.read_now().unwrap()), vec![3.0, 6.0, 9.0, 12.0]);
+    let c = a.matmul(&a).unwrap();
+    assert_eq!(f32s(c.read_now().unwrap()), vec![7.0, 10.0, 15.0, 22.0]);
+}
+
+#[test]
+fn stale_handle_after_reset_is_a_clear_error() {
+    let kiln = Kiln::cpu();
+    let g = kiln.graph();
+    let a = g.from_host(HostData::F32(vec![1.0, 2.0]), &[2]).unwrap();
+    assert!(a.is_alive());
+    g.reset();
+    assert!(!a.is_alive());
+    let err = a.exp().err().expect("stale handle must fail");
+    assert_eq!(err.kind, "StaleTensor");
+    assert!(err.message.contains("belongs to step 1"), "{}", err.message);
+    assert!(err.message.contains("now at step 2"), "{}", err.message);
+    // A new tensor at the same node id is a different generation: the old
+    // handle still refuses and the new one works.
+    let b = g.from_host(HostData::F32(vec![5.0, 6.0]), &[2]).unwrap();
+    assert_eq!(b.index, a.index);
+    assert!(a.read_now().is_err());
+    assert_eq!(f32s(b.read_now().unwrap()), vec![5.0, 6.0]);
+    // Mixing steps is refused too.
+    assert_eq!(b.add_tensor(&a).unwrap_err().kind, "StaleTensor");
+}
+
+#[test]
+fn pending_read_keeps_its_step_alive_across_reset() {
+    let kiln = Kiln::cpu();
+    let g = kiln.graph();
+    let a = g.from_host(HostData::F32(vec![1.0, 2.0]), &[2]).unwrap();
+    let read = a.exp().unwrap().read().unwrap();
+    g.reset();
+    let b = g.from_host(HostData::F32(vec![7.0]), &[1]).unwrap();
+    let values = f32s(pollster::block_on(read).unwrap());
+    assert!((values[0] - 1f32.exp()).abs() < 1e-6 && (values[1] - 2f32.exp()).abs() < 1e-6);
+    assert_eq!(f32s(b.read_now().unwrap()), vec![7.0]);
+}
+
+#[test]
+fn reset_and_drop_release_device_buffers() {
+    let kiln = Kiln::cpu();
+    let before = kiln.core_device().stats().live_buffers;
+    let g = kiln.graph();
+    for _ in 0..3 {
+        g.reset();
+        let a = g.from_host(HostData::F32(vec![1.0; 100]), &[10, 10]).unwrap();
+        let s = a.matmul(&a).unwrap().sum(None, None).unwrap();
+        s.read_now().unwrap();
+    }
+    g.reset();
+    assert_eq!(kiln.core_device().stats().live_buffers, before);
+    let t = g.from_host(HostData::F32(vec![1.0; 4]), &[4]).unwrap();
+    drop(g); // graph.free() in JS
+    assert_eq!(kiln.core_device().stats().live_buffers, before);
+    let err = t.exp().unwrap_err();
+    assert!(err.message.contains("was freed"), "{}", err.message);
+}
+
+#[test]
+fn errors_carry_kiln_core_messages() {
+    let kiln = Kiln::cpu();
+    let g = kiln.graph();
+    let a = g.from_host(HostData::F32(vec![1.0, 2.0]), &[2]).unwrap();
+    let b = g.from_host(HostData::F32(vec![1.0, 2.0, 3.0]), &[3]).unwrap();
+    let err = a.add_tensor(&b).unwrap_err();
+    assert_eq!(err.kind, "Shape");
+    assert!(err.message.starts_with("Add: shapes [2] and [3] do not broadcast"), "{}", err.message);
+    // Same text as kiln-core's own Display (up to the location suffix).
+    let core = kiln_core::Graph::new(kiln.core_device());
+    let x = core.tensor_from(&[1.0f32, 2.0], &[2]).unwrap();
+    let y = core.tensor_from(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let native = x.add(y).unwrap_err().to_string();
+    let strip = |s: &str| s[..s.rfind(" (at ").unwrap()].to_string();
+    assert_eq!(strip(&err.message), strip(&native));
+
+    let other = kiln.graph();
+    let c = other.from_host(HostData::F32(vec![1.0, 2.0]), &[2]).unwrap();
+    let err = a.add_tensor(&c).unwrap_err();
+    assert!(err.message.contains("different graphs"), "{}", err.message);
+}
+
+#[test]
+fn backward_fills_param_grads_and_sgd_steps() {
+    let kiln = Kiln::cpu();
+    let model = kiln.mlp_native(&[3, 1], "relu", 0).unwrap();
+    let params = model.core_parameters();
+    let mut sgd = Sgd::create(params.clone(), 0.1, None, None, None).unwrap();
+    let g = kiln.graph();
+    let x = g.from_host(HostData::F32(vec![1.0, 2.0, 3.0]), &[1, 3]).unwrap();
+    let y = g.from_host(HostData::F32(vec![0.5]), &[1, 1]).unwrap();
+    let loss = mse_loss(&model.forward_native(&x).unwrap(), &y).unwrap();
+    loss.backward(None, None).unwrap();
+    assert!(params.iter().all(|p| p.has_grad()));
+    let w0 = pollster::block_on(params[0].value()).unwrap();
+    sgd.step().unwrap();
+    let w1 = pollster::block_on(params[0].value()).unwrap();
+    assert_ne!(w0, w1);
+}
+
+#[test]
+fn mlp_learns_digits_on_cpu() {
+    let kiln = Kiln::cpu();
+    let (train, test) = crate::data::load_digits_native(Some(0.2), Some(42.0)).unwrap();
+    let model = kiln.mlp_native(&[64, 32, 10], "relu", 1).unwrap();
+    let mut adam = Adam::create(model.core_parameters(), 1e-2, None, None, None, None, None).unwrap();
+    let g = kiln.graph();
+    let (tr, te) = (train.core(), test.core());
+    let mut first = None;
+    let mut last = 0.0;
+    for epoch in 0..5u64 {
+        for batch in tr.batches(64, Some(7), epoch).unwrap() {
+            g.reset();
+            let x = g.from_host(HostData::F32(batch.images), &[batch.len as u32, 64]).unwrap();
+            let y = g.from_host(HostData::I32(batch.labels), &[batch.len as u32]).unwrap();
+            let loss = cross_entropy(&model.forward_native(&x).unwrap(), &y).unwrap();
+            adam.zero_grad();
+            loss.backward(None, None).unwrap();
+            adam.step().unwrap();
+            last = f32s(loss.read_now().unwrap())[0];
+            first.get_or_insert(last);
+        }
+    }
+    assert!(last < first.unwrap() * 0.3, "loss {first:?} -> {last}");
+    g.reset();
+    let x = g.from_host(HostData::F32(te.images.clone()), &[te.len as u32, 64]).unwrap();
+    let pred = model.forward_native(&x).unwrap().argmax_axis(1).unwrap();
+    let HostData::I32(p) = pred.read_now().unwrap() else { panic!("argmax gives i32") };
+    let correct = p.iter().zip(&te.labels).filter(|(a, b)| a == b).count();
+    let acc = correct as f64 / te.len as f64;
+    assert!(acc > 0.9, "test accuracy {acc}");
+}
+
+#[test]
+fn graph_ids_differ() {
+    let kiln = Kiln::cpu();
+    let (a, b): (Graph, Graph) = (kiln.graph(), kiln.graph());
+    assert_ne!(a.id(), b.id());
+}
