@@ -1,0 +1,581 @@
+//! The wgpu backend against the CPU reference: every op forward and through
+//! its gradient, limits, determinism, and a small training run.
+//!
+//! Needs a Vulkan adapter (lavapipe, Mesa's software driver, on CI). With the
+//! `CI` environment variable set a missing adapter FAILS the tests; without
+//! it they print a note and pass vacuously.
+//!
+//! Tolerances, per family (|gpu - cpu| <= tol * max(1, |cpu|), NaN == NaN):
+//! - exact (0): creation, movement, indexing, comparisons, Where, casts,
+//!   integer arithmetic, Neg/Abs/Relu/Sign, Maximum/Minimum, Max/Min/ArgMax/
+//!   ArgMin reductions, ScatterAdd (summed in the CPU's order) — these move
+//!   or select values, or are exact in any order;
+//! - ARITH (1e-6, ~8 ulps): Add/Sub/Mul/Div/Recip/Sqrt — Vulkan allows
+//!   division and sqrt a couple of ulps (2.5 ulp for 1/x);
+//! - TRANSCENDENTAL (2e-5): Exp, Log, Tanh, Sigmoid, Erf, Erfc, Pow — GPU
+//!   builtins (exp, log, pow) are not correctly rounded (Vulkan: exp within
+//!   3 + 2|x| ulps, pow through exp2/log2), and erf/erfc/tanh/sigmoid build
+//!   on exp;
+//! - TRIG (5e-4 absolute): Sin, Cos — Vulkan only bounds their error by
+//!   2^-11 absolute on [-pi, pi];
+//! - SUMS (2e-5): Sum/Prod reductions and MatMul — the GPU sums in a
+//!   different order (tree reductions, tiled products, fused multiply-add);
+//! - GRADIENTS (1e-4): backward graphs chain several of the above.
+
+use kiln::prelude::*;
+use kiln::rng::SplitMix64;
+use kiln::{BinaryOp, CompareOp, ErrorKind, ReduceOp, UnaryOp};
+use kiln_wgsl::{wgpu, WgpuBackend, WgpuOptions};
+
+const EXACT: f64 = 0.0;
+const ARITH: f64 = 1e-6;
+const TRANSCENDENTAL: f64 = 2e-5;
+const TRIG: f64 = 5e-4;
+const SUMS: f64 = 2e-5;
+const GRADIENTS: f64 = 1e-4;
+
+fn wgpu_device_with(options: WgpuOptions) -> Option<Device> {
+    let options = WgpuOptions { backends: wgpu::Backends::VULKAN, ..options };
+    match pollster::block_on(WgpuBackend::new(options)) {
+        Ok(be) => {
+            assert_eq!(be.adapter_info().backend, wgpu::Backend::Vulkan);
+            Some(Device::from_backend(be))
+        }
+        Err(e) if std::env::var("CI").is_err() => {
+            eprintln!("note: no Vulkan adapter ({e}); skipping the wgpu parity test");
+            None
+        }
+        Err(e) => panic!("CI is set but no Vulkan adapter was found: {e}"),
+    }
+}
+
+fn wgpu_device() -> Option<Device> {
+    wgpu_device_with(WgpuOptions::default())
+}
+
+/// Deterministic values in [lo, hi).
+fn rand(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
+    let mut r = SplitMix64::new(seed);
+    (0..n).map(|_| lo + (hi - lo) * r.next_f32()).collect()
+}
+
+fn read(t: &Tensor<'_>) -> HostData {
+    pollster::block_on(t.to_host()).unwrap_or_else(|e| panic!("reading {t:?}: {e}"))
+}
+
+#[track_caller]
+fn compare(what: &str, got: &HostData, want: &HostData, tol: f64) {
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    assert_eq!(g.len(), w.len(), "{what}: length");
+    for (i, (a, e)) in g.iter().zip(&w).enumerate() {
+        let ok = if a.is_nan() || e.is_nan() {
+            a.is_nan() && e.is_nan()
+        } else if tol == 0.0 || e.is_infinite() {
+            a == e
+        } else {
+            (a - e).abs() <= tol * e.abs().max(1.0)
+        };
+        assert!(ok, "{what}: element {i}: wgpu {a}, cpu {e} (tol {tol})\n  wgpu {g:?}\n  cpu  {w:?}");
+    }
+}
+
+/// Build the same graph on the CPU and on wgpu; compare every output.
+fn forward<F>(wg: &Device, what: &str, tol: f64, build: F)
+where
+    F: for<'g> Fn(&'g Graph) -> kiln::Result<Vec<Tensor<'g>>>,
+{
+    let run = |device: &Device| {
+        let g = Graph::new(device);
+        let outs = build(&g).unwrap_or_else(|e| panic!("{what}: building: {e}"));
+        outs.iter().map(read).collect::<Vec<_>>()
+    };
+    let (want, got) = (run(&Device::cpu()), run(wg));
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        compare(&format!("{what} output {k}"), g, w, tol);
+    }
+}
+
+/// Build outputs from leaves on both devices, then differentiate
+/// loss = sum_k sum(out_k * r_k) (fixed random r) with respect to the leaves
+/// and compare the forward values (tolerance `tol`) and gradients.
+fn backward<F>(wg: &Device, what: &str, tol: f64, build: F)
+where
+    F: for<'g> Fn(&'g Graph) -> kiln::Result<(Vec<Tensor<'g>>, Vec<Tensor<'g>>)>,
+{
+    let run = |device: &Device| -> kiln::Result<(Vec<HostData>, usize)> {
+        let g = Graph::new(device);
+        let (outs, leaves) = build(&g)?;
+        let mut loss: Option<Tensor<'_>> = None;
+        for (k, o) in outs.iter().enumerate() {
+            let r = g.tensor_from(&rand(o.numel(), 900 + k as u64, -1.0, 1.0), &o.dims())?;
+            let term = o.mul(r)?.sum_all()?;
+            loss = Some(match loss {
+                None => term,
+                Some(l) => l.add(term)?,
+            });
+        }
+        let grads = g.grad(loss.expect("an output"), &leaves, None)?;
+        let mut values: Vec<HostData> = outs.iter().map(read).collect();
+        values.extend(grads.iter().map(read));
+        Ok((values, outs.len()))
+    };
+    let (want, n_out) = run(&Device::cpu()).unwrap_or_else(|e| panic!("{what} on cpu: {e}"));
+    let (got, _) = run(wg).unwrap_or_else(|e| panic!("{what} on wgpu: {e}"));
+    assert_eq!(got.len(), want.len());
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (kind, tol) = if k < n_out { ("value", tol) } else { ("gradient", GRADIENTS.max(tol)) };
+        compare(&format!("{what} {kind} {k}"), g, w, tol);
+    }
+}
+
+#[test]
+fn creation_ops() {
+    let Some(wg) = wgpu_device() else { return };
+    forward(&wg, "full/arange", EXACT, |g| {
+        Ok(vec![
+            g.full(&[2, 3], 2.5, DType::F32)?,
+            g.full(&[4], -2.7, DType::I32)?,
+            g.full(&[3], 2.0, DType::Bool)?,
+            g.full(&[0], 1.0, DType::F32)?,
+            g.arange(1.0, 0.5, 9, DType::F32)?,
+            g.arange(-1.0, -0.75, 6, DType::I32)?,
+            g.arange(-3.0, 2.0, 5, DType::I32)?,
+        ])
+    });
+}
+
+#[test]
+fn unary_ops_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    for op in UnaryOp::ALL {
+        let (lo, hi) = match op {
+            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Recip => (0.1, 4.0),
+            _ => (-3.0, 3.0),
+        };
+        let tol = match op {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sign => EXACT,
+            UnaryOp::Sqrt | UnaryOp::Recip => ARITH,
+            UnaryOp::Sin | UnaryOp::Cos => TRIG,
+            _ => TRANSCENDENTAL,
+        };
+        let x = rand(37, op as u64, lo, hi);
+        forward(&wg, op.name(), tol, |g| Ok(vec![g.tensor_from(&x, &[37])?.unary(op)?]));
+        if !matches!(op, UnaryOp::Sign) {
+            backward(&wg, op.name(), tol, |g| {
+                let v = g.variable(&x, &[37])?;
+                Ok((vec![v.unary(op)?], vec![v]))
+            });
+        }
+    }
+    // Special values: NaN passes Relu/Sign/Sigmoid, huge inputs saturate.
+    let specials = [f32::NAN, -1000.0, 1000.0, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-30, 5.5, -12.0];
+    for op in [UnaryOp::Relu, UnaryOp::Sign, UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Erf, UnaryOp::Erfc] {
+        let tol = if matches!(op, UnaryOp::Relu | UnaryOp::Sign) { EXACT } else { TRANSCENDENTAL };
+        forward(&wg, &format!("{} of specials", op.name()), tol, |g| {
+            Ok(vec![g.tensor_from(&specials, &[specials.len()])?.unary(op)?])
+        });
+    }
+    let ints = [i32::MIN, -3, 0, 5, i32::MAX];
+    for op in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Relu, UnaryOp::Sign] {
+        forward(&wg, &format!("{} i32", op.name()), EXACT, |g| Ok(vec![g.tensor_from(&ints, &[5])?.unary(op)?]));
+    }
+}
+
+#[test]
+fn binary_ops_broadcast_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    for op in BinaryOp::ALL {
+        let tol = match op {
+            BinaryOp::Maximum | BinaryOp::Minimum => EXACT,
+            BinaryOp::Pow => TRANSCENDENTAL,
+            _ => ARITH,
+        };
+        let (lo, hi) = if matches!(op, BinaryOp::Pow | BinaryOp::Div) { (0.2, 2.0) } else { (-2.0, 2.0) };
+        let a = rand(12, 1, lo, hi);
+        let b = rand(8, 2, lo, hi);
+        forward(&wg, op.name(), tol, |g| {
+            let x = g.tensor_from(&a, &[3, 1, 4])?;
+            let y = g.tensor_from(&b, &[2, 4])?;
+            let s = g.tensor_from(&[1.5f32], &[])?;
+            Ok(vec![x.binary(op, y)?, y.binary(op, x)?, x.binary(op, s)?, y.binary(op, y)?])
+        });
+        backward(&wg, op.name(), tol, |g| {
+            let x = g.variable(&a, &[3, 1, 4])?;
+            let y = g.variable(&b, &[2, 4])?;
+            Ok((vec![x.binary(op, y)?], vec![x, y]))
+        });
+    }
+    // Ties and NaN in Maximum/Minimum, Pow's special cases.
+    let a = [1.0f32, f32::NAN, 2.0, 0.0, -2.0, -2.0, 0.0, 4.0, -8.0];
+    let b = [1.0f32, 3.0, f32::NAN, -0.0, 2.0, 3.0, -1.0, 0.5, 1.0 / 3.0];
+    for op in BinaryOp::ALL {
+        let tol = if matches!(op, BinaryOp::Pow) {
+            TRANSCENDENTAL
+        } else if matches!(op, BinaryOp::Maximum | BinaryOp::Minimum) {
+            EXACT
+        } else {
+            ARITH
+        };
+        forward(&wg, &format!("{} specials", op.name()), tol, |g| {
+            Ok(vec![g.tensor_from(&a, &[9])?.binary(op, g.tensor_from(&b, &[9])?)?])
+        });
+    }
+    // i32 wraps.
+    let a = [i32::MAX, i32::MIN, -7, 3, 0, 1 << 20];
+    let b = [1, -1, 7, -3, 0, 1 << 12];
+    for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Maximum, BinaryOp::Minimum] {
+        forward(&wg, &format!("{} i32", op.name()), EXACT, |g| {
+            Ok(vec![g.tensor_from(&a, &[6])?.binary(op, g.tensor_from(&b, &[1, 6])?)?])
+        });
+    }
+}
+
+#[test]
+fn comparisons_where_and_casts() {
+    let Some(wg) = wgpu_device() else { return };
+    let a = [1.0f32, f32::NAN, 2.0, 0.0, -1.0, 3.0];
+    let b = [1.0f32, 1.0, f32::NAN, -0.0, 2.0, -3.0];
+    let ia = [1, 2, 3, i32::MIN, 0, 9];
+    let ib = [1, 3, 2, i32::MAX, 0, -9];
+    for op in CompareOp::ALL {
+        forward(&wg, op.name(), EXACT, |g| {
+            let (x, y) = (g.tensor_from(&a, &[2, 3])?, g.tensor_from(&b, &[2, 3])?);
+            let (p, q) = (g.tensor_from(&ia, &[6])?, g.tensor_from(&ib, &[1, 6])?);
+            let bools = p.compare(CompareOp::Less, q)?;
+            Ok(vec![
+                x.compare(op, y)?,
+                x.compare(op, g.tensor_from(&[1.0f32], &[1])?)?,
+                p.compare(op, q)?,
+                bools.compare(op, p.compare(CompareOp::Greater, q)?)?,
+            ])
+        });
+    }
+    forward(&wg, "where", EXACT, |g| {
+        let c = g.tensor_from(&[true, false], &[2, 1])?;
+        let x = g.tensor_from(&rand(6, 3, -1.0, 1.0), &[2, 3])?;
+        let i = g.tensor_from(&[1i32, 2, 3], &[3])?;
+        let bc = g.tensor_from(&[true, false, true], &[3])?;
+        Ok(vec![
+            c.where_(x, 0.5)?,
+            c.where_(i, g.tensor_from(&[-1i32], &[1])?)?,
+            c.where_(bc, g.full(&[2, 3], 0.0, DType::Bool)?)?,
+        ])
+    });
+    backward(&wg, "where", EXACT, |g| {
+        let c = g.tensor_from(&[true, false, false, true], &[4, 1])?;
+        let x = g.variable(&rand(12, 4, -1.0, 1.0), &[4, 3])?;
+        let y = g.variable(&rand(3, 5, -1.0, 1.0), &[3])?;
+        Ok((vec![c.where_(x, y)?], vec![x, y]))
+    });
+    let f = [0.0f32, -0.0, 2.5, -2.7, 3e9, -3e9, f32::NAN, f32::INFINITY, 1e-40, 16777217.0];
+    let i = [0i32, 1, -1, i32::MAX, i32::MIN, 16777217];
+    let bl = [true, false, true];
+    for to in [DType::F32, DType::I32, DType::Bool] {
+        forward(&wg, &format!("cast to {to}"), EXACT, |g| {
+            Ok(vec![
+                g.tensor_from(&f, &[10])?.cast(to)?,
+                g.tensor_from(&i, &[6])?.cast(to)?,
+                g.tensor_from(&bl, &[3])?.cast(to)?,
+            ])
+        });
+    }
+}
+
+#[test]
+fn reductions_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    // [5, 6, 7]: short blocks (one thread per output); [3, 300] and
+    // [150, 2, 3] over axes 0 and (0, 2): long blocks (a workgroup tree per
+    // output).
+    let small = rand(210, 7, -1.0, 1.0);
+    let long = rand(900, 8, -1.0, 1.0);
+    let near_one = rand(900, 9, 0.95, 1.05);
+    let axes_small: [&[isize]; 5] = [&[0], &[1], &[2], &[0, 2], &[0, 1, 2]];
+    for op in ReduceOp::ALL {
+        let tol = if matches!(op, ReduceOp::Sum | ReduceOp::Prod) { SUMS } else { EXACT };
+        let base = if op == ReduceOp::Prod { &near_one } else { &long };
+        forward(&wg, op.name(), tol, |g| {
+            let x = g.tensor_from(&small[..], &[5, 6, 7])?;
+            let y = g.tensor_from(&base[..], &[3, 300])?;
+            let z = g.tensor_from(&base[..], &[150, 2, 3])?;
+            let mut outs = vec![];
+            for (k, axes) in axes_small.iter().enumerate() {
+                outs.push(x.reduce(op, axes, k % 2 == 0)?);
+            }
+            outs.push(y.reduce(op, &[1], false)?);
+            outs.push(y.reduce(op, &[0, 1], false)?);
+            outs.push(z.reduce(op, &[0], true)?);
+            outs.push(z.reduce(op, &[0, 2], false)?);
+            Ok(outs)
+        });
+        if !matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+            backward(&wg, op.name(), tol, |g| {
+                let x = g.variable(&small[..], &[5, 6, 7])?;
+                let y = g.variable(&base[..], &[3, 300])?;
+                Ok((vec![x.reduce(op, &[0, 2], false)?, y.reduce(op, &[1], true)?], vec![x, y]))
+            });
+        }
+    }
+    // NaN, ties and integers.
+    let x = [1.0f32, f32::NAN, 3.0, 5.0, 5.0, 5.0, 0.0, 5.0];
+    let ints: Vec<i32> = (0..600).map(|i| (i * 7919 % 1000) - 500).collect();
+    for op in ReduceOp::ALL {
+        forward(&wg, &format!("{} specials", op.name()), EXACT, |g| {
+            let t = g.tensor_from(&x, &[2, 4])?;
+            let i = g.tensor_from(&ints, &[2, 300])?;
+            let mut outs = vec![t.reduce(op, &[1], false)?, t.reduce(op, &[0], false)?];
+            if op != ReduceOp::Prod {
+                outs.push(i.reduce(op, &[1], false)?);
+                outs.push(i.reduce(op, &[0, 1], false)?);
+            }
+            Ok(outs)
+        });
+    }
+    forward(&wg, "i32 sum wraps", EXACT, |g| Ok(vec![g.tensor_from(&[i32::MAX, 1], &[2])?.sum_all()?]));
+}
+
+#[test]
+fn matmul_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let sa = |m: usize, k: usize| if ta { [k, m] } else { [m, k] };
+        let sb = |k: usize, n: usize| if tb { [n, k] } else { [k, n] };
+        let cases: Vec<(Vec<usize>, Vec<usize>)> = vec![
+            (sa(3, 4).to_vec(), sb(4, 5).to_vec()),
+            (sa(70, 65).to_vec(), sb(65, 66).to_vec()),
+            ([&[2usize][..], &sa(5, 3)].concat(), [&[2usize][..], &sb(3, 4)].concat()),
+            ([&[4usize, 1][..], &sa(2, 3)].concat(), [&[3usize][..], &sb(3, 4)].concat()),
+            ([&[5usize][..], &sa(2, 3)].concat(), sb(3, 4).to_vec()),
+        ];
+        for (k, (ad, bd)) in cases.iter().enumerate() {
+            let what = format!("matmul {ta} {tb} case {k}");
+            let na: usize = ad.iter().product();
+            let nb: usize = bd.iter().product();
+            let (a, b) = (rand(na, 20 + k as u64, -1.0, 1.0), rand(nb, 40 + k as u64, -1.0, 1.0));
+            forward(&wg, &what, SUMS, |g| Ok(vec![g.tensor_from(&a, ad)?.matmul_t(g.tensor_from(&b, bd)?, ta, tb)?]));
+            if k != 1 {
+                backward(&wg, &what, SUMS, |g| {
+                    let (x, y) = (g.variable(&a, ad)?, g.variable(&b, bd)?);
+                    Ok((vec![x.matmul_t(y, ta, tb)?], vec![x, y]))
+                });
+            }
+        }
+    }
+    forward(&wg, "matmul with k = 0", EXACT, |g| {
+        Ok(vec![g.tensor_from::<f32>(&[], &[2, 0])?.matmul(g.tensor_from::<f32>(&[], &[0, 3])?)?])
+    });
+}
+
+#[test]
+fn movement_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    let x = rand(60, 11, -1.0, 1.0);
+    let ints: Vec<i32> = (0..60).collect();
+    let bools: Vec<bool> = (0..60).map(|i| i % 3 == 0).collect();
+    forward(&wg, "movement", EXACT, |g| {
+        let mut outs = vec![];
+        for t in [g.tensor_from(&x, &[3, 4, 5])?, g.tensor_from(&ints, &[3, 4, 5])?, g.tensor_from(&bools, &[3, 4, 5])?]
+        {
+            outs.push(t.reshape(&[5, -1])?);
+            outs.push(t.permute(&[2, 0, 1])?);
+            outs.push(t.permute(&[1, 2, 0])?);
+            outs.push(t.slice(&[SliceSpec::new(1, 3, 1), SliceSpec::new(0, 4, 3), SliceSpec::new(1, 5, 2)])?);
+            outs.push(t.slice_axis(2, 4, 5, 1)?);
+            outs.push(t.slice_axis(0, 0, 3, 2)?.expand(&[2, 2, 4, 5])?);
+            outs.push(t.slice_axis(1, 0, 1, 1)?.expand(&[3, 4, 5])?);
+            let s = t.slice(&[SliceSpec::all(), SliceSpec::new(1, 4, 2), SliceSpec::new(0, 5, 2)])?;
+            outs.push(
+                s.slice_backward(&[3, 4, 5], &[SliceSpec::all(), SliceSpec::new(1, 4, 2), SliceSpec::new(0, 5, 2)])?,
+            );
+            outs.push(Tensor::concat(&[t, t.slice_axis(1, 0, 2, 1)?, t], 1)?);
+            outs.push(Tensor::concat(&[t, t], 0)?);
+        }
+        Ok(outs)
+    });
+    backward(&wg, "movement", EXACT, |g| {
+        let v = g.variable(&x, &[3, 4, 5])?;
+        let w = g.variable(&x[..20], &[1, 4, 5])?;
+        Ok((
+            vec![
+                v.permute(&[2, 0, 1])?,
+                v.slice(&[SliceSpec::new(0, 3, 2), SliceSpec::all(), SliceSpec::new(1, 5, 3)])?,
+                w.expand(&[3, 4, 5])?,
+                Tensor::concat(&[v, w], 0)?,
+                v.reshape(&[12, 5])?,
+            ],
+            vec![v, w],
+        ))
+    });
+}
+
+#[test]
+fn index_select_and_scatter_add() {
+    let Some(wg) = wgpu_device() else { return };
+    let x = rand(30, 12, -1.0, 1.0);
+    let idx = [2i32, 0, 2, 1, 4, 4, 4];
+    forward(&wg, "index_select/scatter_add", EXACT, |g| {
+        let t = g.tensor_from(&x, &[5, 6])?;
+        let i = g.tensor_from(&idx, &[7])?;
+        let src = g.tensor_from(&rand(42, 13, -1.0, 1.0), &[7, 6])?;
+        let srct = g.tensor_from(&rand(35, 14, -1.0, 1.0), &[5, 7])?;
+        let ints = g.tensor_from(&(0..30).collect::<Vec<i32>>(), &[5, 6])?;
+        let bools = g.tensor_from(&(0..30).map(|k| k % 4 == 1).collect::<Vec<_>>(), &[5, 6])?;
+        Ok(vec![
+            t.index_select(0, i)?,
+            t.index_select(1, i)?,
+            ints.index_select(0, i)?,
+            bools.index_select(1, i)?,
+            t.scatter_add(0, i, src)?,
+            t.scatter_add(1, i, srct)?,
+            ints.scatter_add(0, i, ints.index_select(0, i)?)?,
+        ])
+    });
+    backward(&wg, "index_select/scatter_add", EXACT, |g| {
+        let t = g.variable(&x, &[5, 6])?;
+        let s = g.variable(&rand(42, 15, -1.0, 1.0), &[7, 6])?;
+        let i = g.tensor_from(&idx, &[7])?;
+        Ok((vec![t.index_select(0, i)?, t.scatter_add(0, i, s)?], vec![t, s]))
+    });
+    // Out of range: an error naming the op, as on the CPU.
+    for device in [Device::cpu(), wg.clone()] {
+        let g = Graph::new(&device);
+        let t = g.tensor_from(&[1.0f32, 2., 3., 4., 5., 6.], &[3, 2]).unwrap();
+        let e =
+            t.index_select(0, g.tensor_from(&[0i32, 3], &[2]).unwrap()).unwrap().to_vec_blocking::<f32>().unwrap_err();
+        assert_eq!((e.kind(), e.op()), (ErrorKind::OutOfRange, "IndexSelect"), "{}: {e}", device.name());
+        assert!(e.message().contains("index 3 at position 1") && e.message().contains("size 3"), "{e}");
+        let s = g.tensor_from(&[0.0f32; 4], &[2, 2]).unwrap();
+        let e = t
+            .scatter_add(0, g.tensor_from(&[-1i32, 0], &[2]).unwrap(), s)
+            .unwrap()
+            .to_vec_blocking::<f32>()
+            .unwrap_err();
+        assert_eq!((e.kind(), e.op()), (ErrorKind::OutOfRange, "ScatterAdd"), "{}: {e}", device.name());
+        assert!(e.message().contains("index -1 at position 0"), "{e}");
+        // The device still works.
+        assert_eq!(t.sum_all().unwrap().item_blocking().unwrap(), 21.0);
+    }
+}
+
+#[test]
+fn composed_ops_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    let x = rand(24, 16, -2.0, 2.0);
+    let w = rand(20, 17, -1.0, 1.0);
+    backward(&wg, "softmax / log_softmax / layer-norm-like / gelu", 1e-5, |g| {
+        let xv = g.variable(&x, &[6, 4])?;
+        let wv = g.variable(&w, &[4, 5])?;
+        let h = xv.matmul(wv)?;
+        let mean = h.mean(&[1], true)?;
+        let centred = h.sub(mean)?;
+        Ok((vec![h.softmax(1)?, h.log_softmax(0)?, centred.square()?.mean_all()?, h.gelu()?, h.silu()?], vec![xv, wv]))
+    });
+}
+
+fn optimizer_values(device: &Device, which: usize) -> Vec<f64> {
+    let p = Param::new(device, "w", &rand(50, 30, -1.0, 1.0), &[5, 10]).unwrap();
+    let mut opt: Box<dyn Optimizer> = match which {
+        0 => Box::new(Sgd::new(vec![p.clone()], 0.1).unwrap()),
+        1 => Box::new(Sgd::with_options(vec![p.clone()], 0.1, 0.9, 0.01, false).unwrap()),
+        2 => Box::new(Sgd::with_options(vec![p.clone()], 0.1, 0.9, 0.0, true).unwrap()),
+        3 => Box::new(Adam::new(vec![p.clone()], 0.01).unwrap()),
+        _ => Box::new(Adam::adamw(vec![p.clone()], 0.01, 0.1).unwrap()),
+    };
+    let mut graph = Graph::new(device);
+    for step in 0..4 {
+        graph.reset();
+        let target = graph.tensor_from(&rand(50, 40 + step, -1.0, 1.0), &[5, 10]).unwrap();
+        let loss = graph.param(&p).unwrap().sub(target).unwrap().square().unwrap().sum_all().unwrap();
+        opt.zero_grad();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+    }
+    kiln::BlockingParam::value_blocking(&p).unwrap().to_f64_vec()
+}
+
+#[test]
+fn optimizer_updates_match() {
+    let Some(wg) = wgpu_device() else { return };
+    for which in 0..5 {
+        let want = optimizer_values(&Device::cpu(), which);
+        let got = optimizer_values(&wg, which);
+        compare(&format!("optimizer {which}"), &HostData::F64(got), &HostData::F64(want), 1e-6);
+    }
+}
+
+#[test]
+fn determinism_of_reductions_and_matmul() {
+    let Some(wg) = wgpu_device() else { return };
+    let x = rand(300 * 257, 50, -1.0, 1.0);
+    let run = || {
+        let g = Graph::new(&wg);
+        let t = g.tensor_from(&x, &[300, 257]).unwrap();
+        let outs = [
+            t.sum_all().unwrap(),
+            t.sum(&[0], false).unwrap(),
+            t.prod(&[1], false).unwrap(),
+            t.matmul_t(t, false, true).unwrap(),
+        ];
+        outs.iter()
+            .map(|o| o.to_vec_blocking::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn lowered_binding_limit_is_a_clear_error() {
+    let options = WgpuOptions { max_storage_buffer_binding_size: Some(1 << 16), ..WgpuOptions::default() };
+    let Some(wg) = wgpu_device_with(options) else { return };
+    let g = Graph::new(&wg);
+    let small = g.tensor_from(&[1.0f32; 1000], &[1000]).unwrap();
+    let e = small.exp().unwrap().to_vec_blocking::<f32>().unwrap()[0];
+    assert!((e - std::f32::consts::E).abs() < 1e-5, "{e}");
+    let big = g.tensor_from(&vec![1.0f32; (1 << 14) + 1], &[(1 << 14) + 1]).unwrap();
+    let e = big.exp().unwrap().to_vec_blocking::<f32>().unwrap_err();
+    assert_eq!((e.kind(), e.op()), (ErrorKind::Unsupported, "Exp"), "{e}");
+    assert!(e.message().contains("max_storage_buffer_binding_size"), "{e}");
+}
+
+#[test]
+fn f64_tensors_are_refused_on_wgpu() {
+    let Some(wg) = wgpu_device() else { return };
+    let g = Graph::new(&wg);
+    let e = g.tensor_from(&[1.0f64, 2.0], &[2]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported);
+    assert!(e.message().contains("f64"), "{e}");
+}
+
+/// A seeded 4-16-3 MLP trained with Adam on fixed data; the losses.
+fn train(device: &Device, steps: usize) -> Vec<f64> {
+    let model = Sequential::mlp(device, &[4, 16, 3], Activation::Tanh, 3).unwrap();
+    let mut opt = Adam::new(model.parameters(), 0.02).unwrap();
+    let x = rand(32 * 4, 60, -1.0, 1.0);
+    let labels: Vec<i32> = (0..32).map(|i| (i * 5 % 3) as i32).collect();
+    let mut graph = Graph::new(device);
+    let mut losses = vec![];
+    for _ in 0..steps {
+        graph.reset();
+        let xs = graph.tensor_from(&x, &[32, 4]).unwrap();
+        let ys = graph.tensor_from(&labels, &[32]).unwrap();
+        let loss = cross_entropy(model.forward(xs).unwrap(), ys).unwrap();
+        opt.zero_grad();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        losses.push(loss.item_blocking().unwrap());
+    }
+    losses
+}
+
+#[test]
+fn mlp_training_on_wgpu_repeats_bit_for_bit() {
+    let Some(wg) = wgpu_device() else { return };
+    let a = train(&wg, 25);
+    let b = train(&wg, 25);
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&a), bits(&b), "two seeded runs on wgpu differ");
+    assert!(a[24] < a[0] * 0.8, "the loss does not fall: {a:?}");
+    let cpu = train(&Device::cpu(), 25);
+    compare("losses vs cpu", &HostData::F64(a), &HostData::F64(cpu), 1e-3);
+}
