@@ -28,14 +28,10 @@ pub(crate) fn reduce(
     let axes = AxisSet(axes.0 & AxisSet::all(rank).0);
     let strides = contiguous(x.dims);
     let (mut kd, mut ks, mut rd, mut rs) = (vec![], vec![], vec![], vec![]);
-    for d in 0..rank {
-        if axes.contains(d) {
-            rd.push(x.dims[d]);
-            rs.push(strides[d]);
-        } else {
-            kd.push(x.dims[d]);
-            ks.push(strides[d]);
-        }
+    for (d, (&n, &s)) in x.dims.iter().zip(&strides).enumerate() {
+        let (dims, strides) = if axes.contains(d) { (&mut rd, &mut rs) } else { (&mut kd, &mut ks) };
+        dims.push(n);
+        strides.push(s);
     }
     let outputs: usize = kd.iter().product();
     let block: usize = rd.iter().product();
