@@ -221,14 +221,57 @@ async fn probe_webgpu() -> WebGpuProbe {
     WebGpuProbe::Missing
 }
 
+/// One small training step (forward, cross-entropy, backward, Adam) on
+/// `device` and on the CPU; the losses and updated weights must agree. A
+/// GPU path that fails here would fail the user's model later: better to
+/// start on the CPU and say why.
+pub async fn self_test(device: &Device) -> Result<(), String> {
+    async fn run(device: &Device) -> kiln_core::Result<Vec<f32>> {
+        use kiln_core::nn::{cross_entropy, Activation, Module, Sequential};
+        use kiln_core::optim::{Adam, Optimizer};
+        let model = Sequential::mlp(device, &[4, 8, 3], Activation::Relu, 11)?;
+        let mut adam = Adam::new(model.parameters(), 0.1)?;
+        let mut graph = kiln_core::Graph::new(device);
+        let x: Vec<f32> = (0..20).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
+        let y = [0i32, 2, 1, 2, 0];
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            graph.reset();
+            let xt = graph.tensor_from(&x, &[5, 4])?;
+            let yt = graph.tensor_from(&y, &[5])?;
+            let logits = model.forward(xt)?;
+            let loss = cross_entropy(logits, yt)?.add(logits.softmax(-1)?.max_all()?.mul(0.0)?)?;
+            adam.zero_grad();
+            loss.backward()?;
+            adam.step()?;
+            out.push(loss.item().await? as f32);
+        }
+        for p in model.parameters() {
+            out.extend(p.value().await?.to_f64_vec().into_iter().map(|v| v as f32));
+        }
+        Ok(out)
+    }
+    let got = run(device).await.map_err(|e| e.to_string())?;
+    let want = run(&Device::cpu()).await.map_err(|e| format!("on the CPU: {e}"))?;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        if !((g - w).abs() <= 1e-3 * (1.0 + w.abs())) {
+            return Err(format!("value {i} is {g}, the CPU gives {w}"));
+        }
+    }
+    Ok(())
+}
+
 /// The WebGPU device through kiln-wgsl.
 #[cfg(all(feature = "webgpu", target_arch = "wasm32"))]
 async fn start_webgpu() -> Result<Kiln, String> {
-    let backend = kiln_wgsl::WgpuBackend::new(kiln_wgsl::WgpuOptions::default())
+    let options = kiln_wgsl::WgpuOptions::with_backends(kiln_wgsl::wgpu::Backends::BROWSER_WEBGPU);
+    let backend = kiln_wgsl::WgpuBackend::new(options)
         .await
         .map_err(|e| format!("starting the wgpu backend failed: {e}"))?;
-    let info = format!("webgpu: {:?}", backend.adapter_info());
+    let s = backend.summary();
+    let info = format!("webgpu: {} ({}, {}{})", s.name, s.backend, s.device_type, if s.driver.is_empty() { String::new() } else { format!(", {}", s.driver) });
     let device = Device::from_backend(backend);
+    self_test(&device).await.map_err(|e| format!("kiln's WebGPU self-test failed, so the CPU is used: {e}"))?;
     Ok(Kiln { device, kind: "webgpu", info: info.clone(), fallback: None, adapter: Some(info) })
 }
 
