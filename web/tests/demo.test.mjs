@@ -1,0 +1,52 @@
+// The demo page in headless Chromium: it trains, the loss falls, the test
+// accuracy passes a threshold, the page stays responsive, a drawn digit gets
+// a prediction. Saves test-output/demo.png.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { launch, server, outDir } from './helpers.mjs';
+
+let srv;
+before(async () => { srv = await server(); });
+after(async () => { await srv.close(); });
+
+test('demo trains an MLP on the digits in the page', async (t) => {
+  const browser = await launch({ webgpu: false });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1100, height: 820 } });
+    const logs = [];
+    page.on('console', (m) => logs.push(`[${m.type()}] ${m.text()}`));
+    page.on('pageerror', (e) => logs.push(`[pageerror] ${e.message}`));
+    await page.goto(`${srv.url}/demo/?autotrain=1&epochs=12`);
+    await page.waitForFunction(() => ['done', 'error'].includes(window.kilnDemo?.state), null, { timeout: 180000 })
+      .catch((e) => { throw new Error(`${e.message}\n${logs.join('\n')}`); });
+    const demo = await page.evaluate(() => window.kilnDemo);
+    assert.equal(demo.state, 'done', `${demo.error}\n${logs.join('\n')}`);
+    t.diagnostic(`device ${JSON.stringify(demo.device)}; ${demo.losses.length} steps in ${demo.seconds.toFixed(2)} s; max event-loop gap ${demo.maxGapMs.toFixed(0)} ms`);
+    const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    const head = mean(demo.losses.slice(0, 10)), tail = mean(demo.losses.slice(-10));
+    t.diagnostic(`loss ${head.toFixed(3)} -> ${tail.toFixed(3)}; accuracy per epoch ${demo.accuracies.map((a) => a.accuracy.toFixed(3)).join(' ')}`);
+    assert.ok(tail < head * 0.2, `loss should fall: ${head} -> ${tail}`);
+    const final = demo.accuracies.at(-1).accuracy;
+    assert.ok(final > 0.93, `test accuracy ${final}`);
+    assert.ok(demo.maxGapMs < 400, `the page stalled for ${demo.maxGapMs} ms while training`);
+    assert.match(await page.textContent('#device'), /CPU|WebGPU/);
+
+    // Draw a "1": a vertical stroke in the middle of the pad.
+    const box = await page.locator('#pad').boundingBox();
+    await page.mouse.move(box.x + 128, box.y + 40);
+    await page.mouse.down();
+    for (let y = 40; y <= 216; y += 8) await page.mouse.move(box.x + 128 + (y - 40) / 40, box.y + y);
+    await page.mouse.up();
+    await page.waitForFunction(() => window.kilnDemo.prediction !== null, null, { timeout: 10000 });
+    const prediction = await page.evaluate(() => window.kilnDemo.prediction);
+    const total = prediction.probabilities.reduce((a, b) => a + b, 0);
+    assert.ok(Math.abs(total - 1) < 1e-4, `probabilities sum to ${total}`);
+    assert.ok(prediction.features.some((v) => v >= 0.25), 'the drawing reached the model');
+    t.diagnostic(`drawn "1" predicted as ${prediction.digit} (${(prediction.probabilities[prediction.digit] * 100).toFixed(0)}%)`);
+    assert.equal(prediction.digit, 1, `a vertical stroke should read as 1: ${JSON.stringify(prediction.probabilities)}`);
+    await page.screenshot({ path: path.join(outDir, 'demo.png'), fullPage: true });
+  } finally {
+    await browser.close();
+  }
+});
