@@ -7,7 +7,7 @@
 //! which exercises every rule's own rule: second derivatives.
 
 use crate::device::Device;
-use crate::dtype::HostData;
+use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Tensor};
 use crate::rng::SplitMix64;
@@ -106,20 +106,33 @@ fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
 pub trait CheckedFn: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> {}
 impl<F> CheckedFn for F where F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> {}
 
+/// Host data of `dtype` (f32 or f64) from f64 values.
+fn host_values(values: Vec<f64>, dtype: DType) -> Result<HostData> {
+    match dtype {
+        DType::F64 => Ok(HostData::F64(values)),
+        DType::F32 => Ok(HostData::F32(values.into_iter().map(|v| v as f32).collect())),
+        other => Err(Error::dtype("gradcheck", format!("can only check float functions, not {other}"))),
+    }
+}
+
+/// A fixed random projection for a tensor of `dims`, in `dtype`.
+fn projection<'g>(graph: &'g Graph, dims: &[usize], dtype: DType, seed: u64) -> Result<Tensor<'g>> {
+    let mut rng = SplitMix64::new(seed);
+    let r: Vec<f64> = (0..dims.iter().product()).map(|_| rng.uniform(0.5, 1.5)).collect();
+    graph.from_host(host_values(r, dtype)?, dims)
+}
+
 /// s(x) = Σ f(x)·r, with r drawn once per output shape from `seed`.
 fn projected<'g>(graph: &'g Graph, f: &dyn CheckedFn, xs: &[Tensor<'g>], seed: u64) -> Result<Tensor<'g>> {
     let y = f(graph, xs)?;
     if !y.dtype().is_float() {
         return Err(Error::dtype("gradcheck", format!("the function returned {}; it must be float", y.dtype())));
     }
-    let mut rng = SplitMix64::new(seed);
-    let r: Vec<f64> = (0..y.numel()).map(|_| rng.uniform(0.5, 1.5)).collect();
-    let r = graph.from_host(HostData::F64(r), &y.dims())?.cast(y.dtype())?;
-    y.mul(r)?.sum_all()?.cast(crate::dtype::DType::F64)
+    y.mul(projection(graph, &y.dims(), y.dtype(), seed)?)?.sum_all()
 }
 
-fn variables<'g>(graph: &'g Graph, inputs: &[CheckInput]) -> Result<Vec<Tensor<'g>>> {
-    inputs.iter().map(|x| graph.variable_from_host(HostData::F64(x.values.clone()), &x.dims)).collect()
+fn variables<'g>(graph: &'g Graph, inputs: &[CheckInput], dtype: DType) -> Result<Vec<Tensor<'g>>> {
+    inputs.iter().map(|x| graph.variable_from_host(host_values(x.values.clone(), dtype)?, &x.dims)).collect()
 }
 
 /// d root / d xs. A root that does not depend on the inputs at all (the
@@ -133,9 +146,24 @@ fn gradients_or_zeros<'g>(graph: &'g Graph, root: Tensor<'g>, xs: &[Tensor<'g>])
     }
 }
 
-/// Compare analytic and numeric gradients of `f` at `inputs`.
+/// Compare analytic and numeric gradients of `f` at `inputs`, both in f64
+/// on `device`.
 pub async fn gradcheck(
     device: &Device,
+    f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+    inputs: &[CheckInput],
+    options: GradcheckOptions,
+) -> Result<GradcheckReport> {
+    gradcheck_on(device, device, DType::F64, f, inputs, options).await
+}
+
+/// Compare the analytic gradient computed on `device` in `dtype` (e.g. a
+/// GPU, which has no f64) with central differences computed in f64 on
+/// `reference` (the CPU). Tolerances must allow for `dtype`'s precision.
+pub async fn gradcheck_on(
+    reference: &Device,
+    device: &Device,
+    dtype: DType,
     f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
     inputs: &[CheckInput],
     options: GradcheckOptions,
@@ -143,20 +171,20 @@ pub async fn gradcheck(
     // Analytic: one differentiable gradient per input.
     let analytic: Vec<Vec<f64>> = {
         let graph = Graph::new(device);
-        let xs = variables(&graph, inputs)?;
+        let xs = variables(&graph, inputs, dtype)?;
         let s = projected(&graph, &f, &xs, options.seed)?;
         let grads = gradients_or_zeros(&graph, s, &xs)?;
         let mut out = Vec::new();
         for g in grads {
-            out.push(g.cast(crate::dtype::DType::F64)?.to_host().await?.to_f64_vec());
+            out.push(g.to_host().await?.to_f64_vec());
         }
         out
     };
     let eval = |values: Vec<CheckInput>| {
         let f = &f;
         async move {
-            let graph = Graph::new(device);
-            let xs = variables(&graph, &values)?;
+            let graph = Graph::new(reference);
+            let xs = variables(&graph, &values, DType::F64)?;
             projected(&graph, f, &xs, options.seed)?.item().await
         }
     };
@@ -189,8 +217,22 @@ pub async fn gradgradcheck(
     inputs: &[CheckInput],
     options: GradcheckOptions,
 ) -> Result<GradcheckReport> {
+    gradgradcheck_on(device, device, DType::F64, f, inputs, options).await
+}
+
+/// Second order with the analytic side on `device` in `dtype` (see
+/// `gradcheck_on`).
+pub async fn gradgradcheck_on(
+    reference: &Device,
+    device: &Device,
+    dtype: DType,
+    f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+    inputs: &[CheckInput],
+    options: GradcheckOptions,
+) -> Result<GradcheckReport> {
     let seed = options.seed;
-    gradcheck(device, move |graph, xs| first_derivative(&f, seed, graph, xs), inputs, options).await
+    gradcheck_on(reference, device, dtype, move |graph, xs| first_derivative(&f, seed, graph, xs), inputs, options)
+        .await
 }
 
 fn first_derivative<'g>(f: &dyn CheckedFn, seed: u64, graph: &'g Graph, xs: &[Tensor<'g>]) -> Result<Tensor<'g>> {
@@ -198,9 +240,7 @@ fn first_derivative<'g>(f: &dyn CheckedFn, seed: u64, graph: &'g Graph, xs: &[Te
     let grads = gradients_or_zeros(graph, s, xs)?;
     let mut total: Option<Tensor<'g>> = None;
     for (k, g) in grads.into_iter().enumerate() {
-        let mut rng = SplitMix64::new(seed ^ (0x5eed + k as u64));
-        let r: Vec<f64> = (0..g.numel()).map(|_| rng.uniform(0.5, 1.5)).collect();
-        let r = graph.from_host(HostData::F64(r), &g.dims())?.cast(g.dtype())?;
+        let r = projection(graph, &g.dims(), g.dtype(), seed ^ (0x5eed + k as u64))?;
         let term = g.mul(r)?.sum_all()?;
         total = Some(match total {
             None => term,

@@ -34,11 +34,15 @@
 pub use kiln_core::*;
 
 pub mod bench;
+pub mod devices;
 pub mod train;
+
+pub use devices::DeviceSelection;
+pub use kiln_wgsl::{WgpuBackend, WgpuOptions};
 
 /// Everything a training program usually needs.
 pub mod prelude {
-    pub use crate::Blocking;
+    pub use crate::{Blocking, DeviceSelection};
     pub use kiln_core::nn::{
         cross_entropy, cross_entropy_probs, mse_loss, nll_loss, Activation, Linear, Module, Sequential,
     };
@@ -91,6 +95,31 @@ pub mod gradcheck {
         options: GradcheckOptions,
     ) -> Result<GradcheckReport> {
         pollster::block_on(kiln_core::gradcheck::gradcheck(device, f, inputs, options))
+    }
+
+    /// Analytic gradients on `device` in `dtype` (f32 on a GPU), central
+    /// differences in f64 on `reference`.
+    pub fn gradcheck_on(
+        reference: &Device,
+        device: &Device,
+        dtype: kiln_core::DType,
+        f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+        inputs: &[CheckInput],
+        options: GradcheckOptions,
+    ) -> Result<GradcheckReport> {
+        pollster::block_on(kiln_core::gradcheck::gradcheck_on(reference, device, dtype, f, inputs, options))
+    }
+
+    /// Second order, analytic side on `device` in `dtype`.
+    pub fn gradgradcheck_on(
+        reference: &Device,
+        device: &Device,
+        dtype: kiln_core::DType,
+        f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+        inputs: &[CheckInput],
+        options: GradcheckOptions,
+    ) -> Result<GradcheckReport> {
+        pollster::block_on(kiln_core::gradcheck::gradgradcheck_on(reference, device, dtype, f, inputs, options))
     }
 
     pub fn gradgradcheck(

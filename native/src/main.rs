@@ -12,7 +12,7 @@ use kiln::data::{self, DatasetSplit};
 use kiln::nn::{Activation, Module, Sequential};
 use kiln::optim::Adam;
 use kiln::train::{train_classifier, TrainConfig};
-use kiln::{Device, Error, Result};
+use kiln::{Device, DeviceSelection, Error, Result};
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Train neural networks on every machine")]
@@ -41,11 +41,6 @@ enum DatasetName {
     FashionMnist,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum DeviceName {
-    Cpu,
-}
-
 #[derive(clap::Args)]
 struct TrainArgs {
     #[arg(long, value_enum, default_value = "digits")]
@@ -53,8 +48,9 @@ struct TrainArgs {
     /// Directory holding the IDX files (for mnist and fashion-mnist).
     #[arg(long)]
     data: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: DeviceName,
+    /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
+    #[arg(long, env = "KILN_DEVICE", default_value = "best")]
+    device: String,
     /// Epochs (default: 30 for digits, 10 otherwise).
     #[arg(long)]
     epochs: Option<usize>,
@@ -77,16 +73,20 @@ struct TrainArgs {
 
 #[derive(clap::Args)]
 struct BenchArgs {
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: DeviceName,
+    /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
+    #[arg(long, env = "KILN_DEVICE", default_value = "cpu")]
+    device: String,
     /// Workloads to run (W1, W3, W4).
     #[arg(long, value_delimiter = ',', default_value = "W1,W3,W4")]
     workloads: Vec<String>,
 }
 
-fn device(name: DeviceName) -> Device {
-    match name {
-        DeviceName::Cpu => Device::cpu(),
+/// The short backend label of BENCHMARKS.md's JSON lines.
+fn backend_label(device: &Device) -> &'static str {
+    if device.name().starts_with("cpu") {
+        "cpu"
+    } else {
+        "wgpu"
     }
 }
 
@@ -105,7 +105,7 @@ fn load(args: &TrainArgs) -> Result<DatasetSplit> {
 fn train(args: TrainArgs) -> Result<()> {
     let digits = args.dataset == DatasetName::Digits;
     let split = load(&args)?;
-    let device = device(args.device);
+    let device = Device::from_name(&args.device)?;
     let hidden = args.hidden.clone().unwrap_or(if digits { vec![128] } else { vec![512, 256] });
     let mut widths = vec![split.train.features];
     widths.extend(&hidden);
@@ -160,10 +160,9 @@ fn train(args: TrainArgs) -> Result<()> {
 }
 
 fn run_bench(args: BenchArgs) -> Result<()> {
-    let device = device(args.device);
-    let backend = match args.device {
-        DeviceName::Cpu => "cpu",
-    };
+    let device = Device::from_name(&args.device)?;
+    let backend = backend_label(&device);
+    eprintln!("kiln bench on {}", device.name());
     for w in &args.workloads {
         let result = match w.to_ascii_uppercase().as_str() {
             "W1" => bench::w1_mlp_step(&device, backend, 100)?,
@@ -177,16 +176,36 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+fn list_devices() -> Result<()> {
+    println!("cpu       {}", Device::cpu().name());
+    let adapters = kiln::devices::adapters();
+    if adapters.is_empty() {
+        println!("wgpu      no adapter found (install a Vulkan/Metal/DX12/GL driver; on Debian: mesa-vulkan-drivers)");
+    }
+    for a in adapters {
+        println!(
+            "wgpu      {} [{} {}] driver {}; max buffer {} MiB, max storage binding {} MiB, {} workgroups/dim, {} invocations/workgroup, {} KiB workgroup memory",
+            a.name,
+            a.backend,
+            a.device_type,
+            a.driver,
+            a.max_buffer_size >> 20,
+            a.max_storage_buffer_binding_size >> 20,
+            a.max_compute_workgroups_per_dimension,
+            a.max_compute_invocations_per_workgroup,
+            a.max_compute_workgroup_storage_size >> 10
+        );
+    }
+    println!("best      {}  (override with KILN_DEVICE={})", Device::best()?.name(), kiln::devices::DEVICE_NAMES);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train(args),
         Command::Bench(args) => run_bench(args),
-        Command::Devices => {
-            let cpu = Device::cpu();
-            println!("cpu: {}", cpu.name());
-            Ok(())
-        }
+        Command::Devices => list_devices(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
