@@ -19,6 +19,7 @@ pub mod op;
 mod ops;
 pub mod optim;
 pub mod param;
+pub mod random;
 pub mod rng;
 pub mod shape;
 
@@ -28,7 +29,7 @@ pub use device::{Device, PoolStats};
 pub use dtype::{DType, Element, HostData};
 pub use error::{Error, ErrorKind, Result};
 pub use graph::{Graph, NoGradGuard, NodeId, Tensor};
-pub use op::{BinaryOp, CompareOp, Op, ReduceOp, UnaryOp};
+pub use op::{BinaryOp, CompareOp, Op, ReduceOp, UnaryOp, Window2d};
 pub use ops::{IntoOperand, SliceSpec};
 pub use param::Param;
 pub use shape::{AxisSet, Dims};

@@ -64,6 +64,41 @@ pub enum ReduceOp {
     ArgMin,
 }
 
+/// A sliding window over the two spatial axes of an NCHW tensor, shared by
+/// Im2Col, Col2Im and the pooling ops. Index 0 is height, 1 is width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window2d {
+    pub kernel: [u32; 2],
+    pub stride: [u32; 2],
+    pub dilation: [u32; 2],
+    /// Padding before the image (top, left).
+    pub pad_begin: [u32; 2],
+    /// Padding after the image (bottom, right); larger than `pad_begin` for
+    /// ceil-mode pooling.
+    pub pad_end: [u32; 2],
+}
+
+impl Window2d {
+    /// Number of window positions along each axis for an image of `image`
+    /// (height, width); None when the window does not fit even once.
+    pub fn output_size(&self, image: [usize; 2]) -> Option<[usize; 2]> {
+        let mut out = [0; 2];
+        for a in 0..2 {
+            let span = self.dilation[a] as usize * (self.kernel[a] as usize - 1) + 1;
+            let padded = image[a] + self.pad_begin[a] as usize + self.pad_end[a] as usize;
+            if padded < span {
+                return None;
+            }
+            out[a] = (padded - span) / self.stride[a] as usize + 1;
+        }
+        Some(out)
+    }
+    /// Elements in one window.
+    pub fn kernel_elements(&self) -> usize {
+        self.kernel[0] as usize * self.kernel[1] as usize
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
     /// Host data uploaded when the node was made (or a leaf variable).
@@ -119,6 +154,22 @@ pub enum Op {
     ScatterAdd {
         axis: u8,
     },
+    /// [N, C, H, W] → [N, C·kh·kw, OH·OW]: every window position's pixels as
+    /// a column (row index c·kh·kw + i·kw + j), zeros where the window
+    /// covers padding.
+    Im2Col(Window2d),
+    /// The adjoint of Im2Col: [N, C·kh·kw, OH·OW] → [N, C, H, W], summing
+    /// the contributions of overlapping windows. `image` is (H, W).
+    Col2Im { window: Window2d, image: [u32; 2] },
+    /// Maximum of each window (padding never wins; NaN does).
+    MaxPool2d(Window2d),
+    /// maxpool2d_backward(x, g): for each window of x, g's value added at the
+    /// window's first maximum (row-major order within the window).
+    MaxPool2dBackward(Window2d),
+    /// Uniform in [0, 1): value i = f(seed, i), the same on every backend.
+    RandUniform { seed: u64 },
+    /// Standard normal from the same counter-based generator (Box–Muller).
+    RandNormal { seed: u64 },
 }
 
 impl UnaryOp {
@@ -248,6 +299,12 @@ impl Op {
             Op::Concat { .. } => "Concat",
             Op::IndexSelect { .. } => "IndexSelect",
             Op::ScatterAdd { .. } => "ScatterAdd",
+            Op::Im2Col(_) => "Im2Col",
+            Op::Col2Im { .. } => "Col2Im",
+            Op::MaxPool2d(_) => "MaxPool2d",
+            Op::MaxPool2dBackward(_) => "MaxPool2dBackward",
+            Op::RandUniform { .. } => "RandUniform",
+            Op::RandNormal { .. } => "RandNormal",
         }
     }
 

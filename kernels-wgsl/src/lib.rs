@@ -329,6 +329,12 @@ impl Backend for WgpuBackend {
             | Op::Concat { .. }
             | Op::IndexSelect { .. } => true,
             Op::ScatterAdd { .. } => num,
+            Op::Im2Col(_)
+            | Op::Col2Im { .. }
+            | Op::MaxPool2d(_)
+            | Op::MaxPool2dBackward(_)
+            | Op::RandUniform { .. }
+            | Op::RandNormal { .. } => false,
         }
     }
 }

@@ -7,7 +7,8 @@ use smallvec::{smallvec, SmallVec};
 
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
-use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
+use crate::dtype::DType;
+use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp, Window2d};
 use crate::ops::SliceSpec;
 use crate::shape::{reduced_dims, AxisSet};
 
@@ -35,6 +36,7 @@ pub(crate) fn saved_values(op: &Op) -> Saved {
         Op::Reduce { op: ReduceOp::Prod, .. } => (0b1, false),
         Op::MatMul { .. } => (0b11, false),
         Op::IndexSelect { .. } | Op::ScatterAdd { .. } => (0b10, false),
+        Op::MaxPool2d(_) | Op::MaxPool2dBackward(_) => (0b1, false),
         _ => (0, false),
     };
     Saved { inputs, output }
@@ -47,6 +49,9 @@ pub(crate) fn differentiable_input(op: &Op, i: usize) -> bool {
         Op::Where => i != 0,
         Op::IndexSelect { .. } => i == 0,
         Op::ScatterAdd { .. } => i != 1,
+        // The routing depends on x only through which element is largest:
+        // piecewise constant in x.
+        Op::MaxPool2dBackward(_) => i == 1,
         Op::Compare(_) | Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => false,
         _ => true,
     }
@@ -62,7 +67,9 @@ pub fn not_differentiable_reason(op: &Op) -> Option<&'static str> {
         Op::Compare(_) => Some("comparisons produce bool tensors"),
         Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => Some("arg-reductions produce integer positions"),
         Op::Input | Op::Param(_) => Some("leaf: gradients stop here"),
-        Op::Full(_) | Op::Arange { .. } => Some("creation op: no inputs"),
+        Op::Full(_) | Op::Arange { .. } | Op::RandUniform { .. } | Op::RandNormal { .. } => {
+            Some("creation op: no inputs")
+        }
         _ => None,
     }
 }
@@ -220,7 +227,20 @@ pub(crate) fn input_gradients<'g>(
             0 => Ok(g),
             _ => g.index_select(axis as isize, x[1]),
         }),
-        Op::Input | Op::Param(_) | Op::Full(_) | Op::Arange { .. } | Op::Compare(_) => Err(no_rule(&op)),
+        Op::Im2Col(window) => {
+            let d = x[0].dims();
+            one(g.col2im([d[2], d[3]], window))
+        }
+        Op::Col2Im { window, .. } => one(g.im2col(window)),
+        Op::MaxPool2d(window) => one(x[0].max_pool2d_backward(g, window)),
+        Op::MaxPool2dBackward(window) => Ok(smallvec![None, Some(max_pool_gather(x[0], g, window)?)]),
+        Op::Input
+        | Op::Param(_)
+        | Op::Full(_)
+        | Op::Arange { .. }
+        | Op::RandUniform { .. }
+        | Op::RandNormal { .. }
+        | Op::Compare(_) => Err(no_rule(&op)),
     }
 }
 
@@ -241,6 +261,27 @@ fn prod_gradient<'g>(x: Tensor<'g>, gk: Tensor<'g>, axes: AxisSet) -> Result<Ten
     let zeros = is_zero.cast(dtype)?.sum(&axes, true)?;
     let factor = zeros.eq(0.0)?.cast(dtype)?.add(zeros.eq(1.0)?.cast(dtype)?.mul(is_zero.cast(dtype)?)?)?;
     gk.mul(prod_nonzero.div(nonzero)?)?.mul(factor)
+}
+
+/// The adjoint of MaxPool2dBackward in its gradient argument: for each
+/// window of x, the value of `g` (x-shaped) at the window's first maximum —
+/// composed from Im2Col, ArgMax and a one-hot mask, so it is differentiable
+/// again and picks exactly the element the pooling kernels pick.
+fn max_pool_gather<'g>(x: Tensor<'g>, g: Tensor<'g>, window: Window2d) -> Result<Tensor<'g>> {
+    let graph = g.graph();
+    let d = x.dims();
+    let (n, c, k) = (d[0], d[1], window.kernel_elements());
+    let [oh, ow] = window
+        .output_size([d[2], d[3]])
+        .ok_or_else(|| Error::shape("MaxPool2dBackward", "window does not fit the image"))?;
+    let columns = |t: Tensor<'g>| t.im2col(window)?.reshape_to(&[n, c, k, oh * ow]);
+    // Padding must never be the maximum: mask it to -inf.
+    let inside = columns(graph.ones(&d, x.dtype())?)?.gt(0.5)?;
+    let candidates = inside.where_(columns(x)?, f64::NEG_INFINITY)?;
+    let first_max = candidates.argmax(&[2], true)?;
+    let positions = graph.arange(0.0, 1.0, k, DType::I32)?.reshape_to(&[1, 1, k, 1])?;
+    let pick = positions.eq(first_max)?.cast(g.dtype())?;
+    columns(g)?.mul(pick)?.sum(&[2], false)?.reshape_to(&[n, c, oh, ow])
 }
 
 fn no_rule(op: &Op) -> Error {

@@ -8,6 +8,7 @@
 //! - `composed`: mean, var, softmax, gelu... built from the primitives
 
 mod composed;
+mod conv;
 mod elementwise;
 mod linalg;
 mod movement;

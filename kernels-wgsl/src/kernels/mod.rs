@@ -44,6 +44,15 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
         Op::Concat { axis } => movement::concat(be, axis as usize, ins, out),
         Op::IndexSelect { axis } => index::index_select(be, axis as usize, arity::<2>(name, ins)?, out),
         Op::ScatterAdd { axis } => index::scatter_add(be, axis as usize, arity::<3>(name, ins)?, out),
+        Op::Im2Col(_)
+        | Op::Col2Im { .. }
+        | Op::MaxPool2d(_)
+        | Op::MaxPool2dBackward(_)
+        | Op::RandUniform { .. }
+        | Op::RandNormal { .. } => Err(Error::unsupported(
+            name,
+            "this op has no WGSL kernel yet; run it on Device::cpu()",
+        )),
     }
 }
 

@@ -13,9 +13,11 @@ mod index;
 mod layout;
 mod matmul;
 mod movement;
+mod random;
 mod reduce;
 mod scalar;
 mod update;
+mod window;
 
 use std::cell::RefCell;
 
@@ -238,6 +240,12 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>) -> Result<
         Op::Concat { axis } => movement::concat(axis as usize, ins, out),
         Op::IndexSelect { axis } => index::index_select(axis as usize, arity::<2>(name, ins)?, out),
         Op::ScatterAdd { axis } => index::scatter_add(axis as usize, arity::<3>(name, ins)?, out),
+        Op::Im2Col(w) => window::im2col(&w, arity::<1>(name, ins)?, out),
+        Op::Col2Im { window: w, image } => window::col2im(&w, image, arity::<1>(name, ins)?, out),
+        Op::MaxPool2d(w) => window::max_pool2d(&w, arity::<1>(name, ins)?, out),
+        Op::MaxPool2dBackward(w) => window::max_pool2d_backward(&w, arity::<2>(name, ins)?, out),
+        Op::RandUniform { seed } => random::rand_uniform(seed, out),
+        Op::RandNormal { seed } => random::rand_normal(seed, out),
     }
 }
 
@@ -451,6 +459,8 @@ impl Backend for CpuBackend {
             | Op::Concat { .. }
             | Op::IndexSelect { .. } => true,
             Op::ScatterAdd { .. } => num,
+            Op::Im2Col(_) | Op::Col2Im { .. } => num,
+            Op::MaxPool2d(_) | Op::MaxPool2dBackward(_) | Op::RandUniform { .. } | Op::RandNormal { .. } => float,
         }
     }
 }

@@ -1,0 +1,271 @@
+//! Sliding-window kernels over NCHW images: Im2Col, Col2Im, MaxPool2d and
+//! MaxPool2dBackward. Every output element is written by one loop in a fixed
+//! order (col2im and the pooling adjoint gather or accumulate per image
+//! plane), so results are identical run after run and need no atomics.
+
+use super::layout::for_chunks;
+use super::scalar::{Float, Scalar};
+use super::{with_float, with_num, In, Out};
+use crate::error::{Error, Result};
+use crate::op::Window2d;
+use crate::shape::fmt_dims;
+
+/// Geometry of one window op on an image of (h, w) giving (oh, ow).
+#[derive(Clone, Copy)]
+struct Geometry {
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    ph: usize,
+    pw: usize,
+}
+
+impl Geometry {
+    fn new(op: &'static str, window: &Window2d, h: usize, w: usize) -> Result<Geometry> {
+        let [oh, ow] = window
+            .output_size([h, w])
+            .ok_or_else(|| Error::shape(op, format!("window {window:?} does not fit a {h}x{w} image")))?;
+        let u = |v: u32| v as usize;
+        Ok(Geometry {
+            h,
+            w,
+            oh,
+            ow,
+            kh: u(window.kernel[0]),
+            kw: u(window.kernel[1]),
+            sh: u(window.stride[0]),
+            sw: u(window.stride[1]),
+            dh: u(window.dilation[0]),
+            dw: u(window.dilation[1]),
+            ph: u(window.pad_begin[0]),
+            pw: u(window.pad_begin[1]),
+        })
+    }
+    /// The image row of kernel row `i` at output row `oy`, if inside.
+    #[inline]
+    fn row(&self, oy: usize, i: usize) -> Option<usize> {
+        (oy * self.sh + i * self.dh).checked_sub(self.ph).filter(|&y| y < self.h)
+    }
+    #[inline]
+    fn col(&self, ox: usize, j: usize) -> Option<usize> {
+        (ox * self.sw + j * self.dw).checked_sub(self.pw).filter(|&x| x < self.w)
+    }
+}
+
+fn check(op: &'static str, ok: bool, dims: &[usize], out: &[usize]) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::shape(op, format!("input {} does not give output {}", fmt_dims(dims), fmt_dims(out))))
+    }
+}
+
+pub(super) fn im2col(window: &Window2d, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "Im2Col";
+    let d = x.dims;
+    check(OP, d.len() == 4 && out.dims.len() == 3 && x.dtype == out.dtype, d, out.dims)?;
+    let g = Geometry::new(OP, window, d[2], d[3])?;
+    let k = g.kh * g.kw;
+    check(OP, out.dims == [d[0], d[1] * k, g.oh * g.ow], d, out.dims)?;
+    let plane_out = k * g.oh * g.ow;
+    if plane_out == 0 || out.numel() == 0 {
+        return Ok(());
+    }
+    with_num!(x.dtype, OP, T => {
+        let src = x.slice::<T>(OP)?;
+        for_chunks(out.slice::<T>(OP)?, plane_out, |start, chunk| {
+            for (p, dst) in chunk.chunks_exact_mut(plane_out).enumerate() {
+                let plane = &src[(start / plane_out + p) * g.h * g.w..][..g.h * g.w];
+                im2col_plane(&g, plane, dst);
+            }
+        });
+        Ok(())
+    })
+}
+
+fn im2col_plane<T: Scalar>(g: &Geometry, plane: &[T], dst: &mut [T]) {
+    let l = g.oh * g.ow;
+    for i in 0..g.kh {
+        for j in 0..g.kw {
+            let row = &mut dst[(i * g.kw + j) * l..][..l];
+            for oy in 0..g.oh {
+                let out_row = &mut row[oy * g.ow..][..g.ow];
+                match g.row(oy, i) {
+                    None => out_row.fill(T::from_f64(0.0)),
+                    Some(y) => {
+                        for (ox, v) in out_row.iter_mut().enumerate() {
+                            *v = match g.col(ox, j) {
+                                Some(x) => plane[y * g.w + x],
+                                None => T::from_f64(0.0),
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn col2im(window: &Window2d, image: [u32; 2], [cols]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "Col2Im";
+    let d = cols.dims;
+    let (h, w) = (image[0] as usize, image[1] as usize);
+    let g = Geometry::new(OP, window, h, w)?;
+    let k = g.kh * g.kw;
+    let ok = d.len() == 3 && d[1] % k == 0 && d[2] == g.oh * g.ow && cols.dtype == out.dtype;
+    check(OP, ok && out.dims == [d[0], d[1] / k, h, w], d, out.dims)?;
+    let plane = h * w;
+    if plane == 0 || out.numel() == 0 {
+        return Ok(());
+    }
+    let per_plane = k * g.oh * g.ow;
+    with_num!(cols.dtype, OP, T => {
+        let src = cols.slice::<T>(OP)?;
+        for_chunks(out.slice::<T>(OP)?, plane, |start, chunk| {
+            for (p, dst) in chunk.chunks_exact_mut(plane).enumerate() {
+                let columns = &src[(start / plane + p) * per_plane..][..per_plane];
+                col2im_plane(&g, columns, dst);
+            }
+        });
+        Ok(())
+    })
+}
+
+/// Accumulate in the fixed order (i, j, oy, ox): deterministic.
+fn col2im_plane<T: super::scalar::Num>(g: &Geometry, columns: &[T], dst: &mut [T]) {
+    dst.fill(T::from_f64(0.0));
+    let l = g.oh * g.ow;
+    for i in 0..g.kh {
+        for j in 0..g.kw {
+            let row = &columns[(i * g.kw + j) * l..][..l];
+            for oy in 0..g.oh {
+                let Some(y) = g.row(oy, i) else { continue };
+                for ox in 0..g.ow {
+                    if let Some(x) = g.col(ox, j) {
+                        let v = &mut dst[y * g.w + x];
+                        *v = v.add(row[oy * g.ow + ox]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Position (y, x) of the first maximum of window (oy, ox), NaN winning.
+#[inline]
+fn window_argmax<T: Float>(g: &Geometry, plane: &[T], oy: usize, ox: usize) -> Option<usize> {
+    let mut best: Option<(usize, T)> = None;
+    for i in 0..g.kh {
+        let Some(y) = g.row(oy, i) else { continue };
+        for j in 0..g.kw {
+            let Some(x) = g.col(ox, j) else { continue };
+            let v = plane[y * g.w + x];
+            match best {
+                Some((_, b)) if b.is_nan() || !(v > b || v.is_nan()) => {}
+                _ => best = Some((y * g.w + x, v)),
+            }
+        }
+    }
+    best.map(|(p, _)| p)
+}
+
+pub(super) fn max_pool2d(window: &Window2d, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "MaxPool2d";
+    let d = x.dims;
+    check(OP, d.len() == 4 && x.dtype == out.dtype, d, out.dims)?;
+    let g = Geometry::new(OP, window, d[2], d[3])?;
+    check(OP, out.dims == [d[0], d[1], g.oh, g.ow], d, out.dims)?;
+    let plane_out = g.oh * g.ow;
+    if plane_out == 0 || out.numel() == 0 {
+        return Ok(());
+    }
+    with_float!(x.dtype, OP, T => {
+        let src = x.slice::<T>(OP)?;
+        for_chunks(out.slice::<T>(OP)?, plane_out, |start, chunk| {
+            for (p, dst) in chunk.chunks_exact_mut(plane_out).enumerate() {
+                let plane = &src[(start / plane_out + p) * g.h * g.w..][..g.h * g.w];
+                for oy in 0..g.oh {
+                    for ox in 0..g.ow {
+                        // Windows always hold a pixel (padding <= kernel/2).
+                        dst[oy * g.ow + ox] = match window_argmax(&g, plane, oy, ox) {
+                            Some(pos) => plane[pos],
+                            None => T::from_f64(f64::NEG_INFINITY),
+                        };
+                    }
+                }
+            }
+        });
+        Ok(())
+    })
+}
+
+pub(super) fn max_pool2d_backward(window: &Window2d, [x, grad]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "MaxPool2dBackward";
+    let d = x.dims;
+    check(OP, d.len() == 4 && x.dtype == out.dtype && grad.dtype == out.dtype && out.dims == d, d, out.dims)?;
+    let g = Geometry::new(OP, window, d[2], d[3])?;
+    check(OP, grad.dims == [d[0], d[1], g.oh, g.ow], grad.dims, out.dims)?;
+    let plane = g.h * g.w;
+    if plane == 0 || out.numel() == 0 {
+        return Ok(());
+    }
+    let plane_out = g.oh * g.ow;
+    with_float!(x.dtype, OP, T => {
+        let (src, gs) = (x.slice::<T>(OP)?, grad.slice::<T>(OP)?);
+        for_chunks(out.slice::<T>(OP)?, plane, |start, chunk| {
+            for (p, dst) in chunk.chunks_exact_mut(plane).enumerate() {
+                let index = start / plane + p;
+                let xs = &src[index * plane..][..plane];
+                let gp = &gs[index * plane_out..][..plane_out];
+                dst.fill(T::from_f64(0.0));
+                // Windows in row-major order: the accumulation order is fixed.
+                for oy in 0..g.oh {
+                    for ox in 0..g.ow {
+                        if let Some(pos) = window_argmax(&g, xs, oy, ox) {
+                            dst[pos] = dst[pos] + gp[oy * g.ow + ox];
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuStorage;
+    use crate::dtype::DType;
+
+    fn run_im2col(x: &[f32], dims: &[usize], w: &Window2d, out_dims: &[usize]) -> Vec<f32> {
+        let xs = CpuStorage::F32(x.to_vec());
+        let mut o = CpuStorage::F32(vec![0.0; out_dims.iter().product()]);
+        let input = In { data: &xs, dims, dtype: DType::F32 };
+        let mut out = Out { data: &mut o, dims: out_dims, dtype: DType::F32 };
+        im2col(w, &[input], &mut out).unwrap();
+        match o {
+            CpuStorage::F32(v) => v,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn im2col_with_padding_and_stride_matches_hand_values() {
+        // 1x1x3x3 image 1..9, 2x2 kernel, stride 2, padding 1 -> 2x2 positions.
+        let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+        let w = Window2d::new([2, 2], [2, 2], [1, 1], [1, 1]).unwrap();
+        let cols = run_im2col(&x, &[1, 1, 3, 3], &w, &[1, 4, 4]);
+        // kernel (0,0) reads (-1,-1) (-1,1) (1,-1) (1,1): 0 0 0 5
+        assert_eq!(&cols[0..4], &[0.0, 0.0, 0.0, 5.0]);
+        // kernel (1,1) reads (0,0) (0,2) (2,0) (2,2): 1 3 7 9
+        assert_eq!(&cols[12..16], &[1.0, 3.0, 7.0, 9.0]);
+    }
+}

@@ -1,0 +1,209 @@
+//! Sliding-window ops (NCHW): im2col/col2im, max pooling, and the
+//! counter-based random generators.
+
+use std::panic::Location;
+
+use super::same_graph;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::{check_rank, Graph, Tensor};
+use crate::op::{Op, Window2d};
+use crate::shape::fmt_dims;
+
+impl Window2d {
+    /// A symmetric window: kernel, stride, padding and dilation per axis
+    /// (height, width). Kernel, stride and dilation must be at least 1.
+    #[track_caller]
+    pub fn new(kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2]) -> Result<Window2d> {
+        for (name, v) in [("kernel", kernel), ("stride", stride), ("dilation", dilation)] {
+            if v.iter().any(|&x| x == 0 || x > u32::MAX as usize) {
+                return Err(Error::invalid("Window2d", format!("{name} {v:?} must be positive")));
+            }
+        }
+        if padding.iter().any(|&p| p > u32::MAX as usize / 2) {
+            return Err(Error::invalid("Window2d", format!("padding {padding:?} is too large")));
+        }
+        let u = |v: [usize; 2]| [v[0] as u32, v[1] as u32];
+        Ok(Window2d {
+            kernel: u(kernel),
+            stride: u(stride),
+            dilation: u(dilation),
+            pad_begin: u(padding),
+            pad_end: u(padding),
+        })
+    }
+}
+
+/// (N, C, H, W) of a rank-4 tensor, or a shape error naming `op`.
+#[track_caller]
+fn nchw(op: &'static str, t: &Tensor<'_>) -> Result<[usize; 4]> {
+    let d = t.dims();
+    if d.len() != 4 {
+        return Err(Error::shape(op, format!("expects an NCHW tensor of rank 4, got {}", fmt_dims(&d))));
+    }
+    Ok([d[0], d[1], d[2], d[3]])
+}
+
+#[track_caller]
+fn output_size(op: &'static str, window: &Window2d, image: [usize; 2]) -> Result<[usize; 2]> {
+    match window.output_size(image) {
+        Some(out) => Ok(out),
+        None => Err(Error::shape(
+            op,
+            format!(
+                "a {:?} window with dilation {:?} does not fit a {}x{} image padded by {:?}/{:?}",
+                window.kernel, window.dilation, image[0], image[1], window.pad_begin, window.pad_end
+            ),
+        )),
+    }
+}
+
+impl<'g> Tensor<'g> {
+    /// Unfold [N, C, H, W] into columns [N, C·kh·kw, OH·OW] (zero padding).
+    #[track_caller]
+    pub fn im2col(self, window: Window2d) -> Result<Tensor<'g>> {
+        let [n, c, h, w] = nchw("Im2Col", &self)?;
+        let [oh, ow] = output_size("Im2Col", &window, [h, w])?;
+        let dims = [n, c * window.kernel_elements(), oh * ow];
+        Ok(self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), &[], Location::caller()))
+    }
+
+    /// Fold columns [N, C·kh·kw, OH·OW] back into [N, C, H, W], summing
+    /// overlaps (the adjoint of `im2col`). `image` is (H, W).
+    #[track_caller]
+    pub fn col2im(self, image: [usize; 2], window: Window2d) -> Result<Tensor<'g>> {
+        let d = self.dims();
+        let k = window.kernel_elements();
+        let [oh, ow] = output_size("Col2Im", &window, image)?;
+        if d.len() != 3 || d[1] % k != 0 || d[2] != oh * ow {
+            return Err(Error::shape(
+                "Col2Im",
+                format!(
+                    "columns {} do not fit a {}x{} image with a {:?} window (expected [N, C·{k}, {}])",
+                    fmt_dims(&d),
+                    image[0],
+                    image[1],
+                    window.kernel,
+                    oh * ow
+                ),
+            ));
+        }
+        if image.iter().any(|&x| x > u32::MAX as usize) {
+            return Err(Error::invalid("Col2Im", "image too large"));
+        }
+        let dims = [d[0], d[1] / k, image[0], image[1]];
+        let op = Op::Col2Im { window, image: [image[0] as u32, image[1] as u32] };
+        Ok(self.graph.record(op, &[self.id], &dims, self.dtype(), &[], Location::caller()))
+    }
+
+    /// 2-D max pooling. With `ceil_mode` the output rounds up, as PyTorch's
+    /// does (a last window must start inside the image or its left padding).
+    /// Padding must be at most half the kernel, so every window sees a pixel.
+    #[track_caller]
+    pub fn max_pool2d(
+        self,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        ceil_mode: bool,
+    ) -> Result<Tensor<'g>> {
+        let [_, _, h, w] = nchw("MaxPool2d", &self)?;
+        let mut window = Window2d::new(kernel, stride, padding, dilation)?;
+        if (0..2).any(|a| padding[a] > kernel[a] / 2) {
+            return Err(Error::invalid(
+                "MaxPool2d",
+                format!("padding {padding:?} must be at most half the kernel {kernel:?}"),
+            ));
+        }
+        if ceil_mode {
+            let floor = output_size("MaxPool2d", &window, [h, w])?;
+            let image = [h, w];
+            for a in 0..2 {
+                let span = dilation[a] * (kernel[a] - 1) + 1;
+                let padded = image[a] + 2 * padding[a];
+                let mut out = (padded - span).div_ceil(stride[a]) + 1;
+                if (out - 1) * stride[a] >= image[a] + padding[a] {
+                    out -= 1;
+                }
+                if out > floor[a] {
+                    // Extra padding after the image makes the floor formula
+                    // produce the ceil-mode size; it never wins the max.
+                    window.pad_end[a] = ((out - 1) * stride[a] + span - image[a] - padding[a]) as u32;
+                }
+            }
+        }
+        self.max_pool2d_window(window)
+    }
+
+    /// Max pooling with an explicit window (asymmetric padding allowed).
+    #[track_caller]
+    pub fn max_pool2d_window(self, window: Window2d) -> Result<Tensor<'g>> {
+        let [n, c, h, w] = nchw("MaxPool2d", &self)?;
+        if !self.dtype().is_float() {
+            return Err(Error::dtype("MaxPool2d", format!("needs a float tensor, got {}", self.dtype())));
+        }
+        let [oh, ow] = output_size("MaxPool2d", &window, [h, w])?;
+        let dims = [n, c, oh, ow];
+        Ok(self.graph.record(Op::MaxPool2d(window), &[self.id], &dims, self.dtype(), &[], Location::caller()))
+    }
+
+    /// The adjoint of max pooling: `self` is the pooled input x, `grad` has
+    /// the pooled shape; the result has x's shape, with each window's
+    /// gradient at that window's first maximum.
+    #[track_caller]
+    pub fn max_pool2d_backward(self, grad: Tensor<'g>, window: Window2d) -> Result<Tensor<'g>> {
+        same_graph("MaxPool2dBackward", &self, &grad)?;
+        let [n, c, h, w] = nchw("MaxPool2dBackward", &self)?;
+        let [oh, ow] = output_size("MaxPool2dBackward", &window, [h, w])?;
+        if grad.dims().as_slice() != [n, c, oh, ow] || grad.dtype() != self.dtype() || !self.dtype().is_float() {
+            return Err(Error::shape(
+                "MaxPool2dBackward",
+                format!(
+                    "gradient {} {} does not match the pooled shape {} {}",
+                    fmt_dims(&grad.dims()),
+                    grad.dtype(),
+                    fmt_dims(&[n, c, oh, ow]),
+                    self.dtype()
+                ),
+            ));
+        }
+        let dims = [n, c, h, w];
+        Ok(self.graph.record(
+            Op::MaxPool2dBackward(window),
+            &[self.id, grad.id],
+            &dims,
+            self.dtype(),
+            &[],
+            Location::caller(),
+        ))
+    }
+}
+
+impl Graph {
+    /// Uniform values in [0, 1): element i is a function of (seed, i) only,
+    /// so every backend draws the same numbers and a replay is exact.
+    #[track_caller]
+    pub fn rand_uniform(&self, dims: &[usize], seed: u64, dtype: DType) -> Result<Tensor<'_>> {
+        self.random(Op::RandUniform { seed }, dims, dtype)
+    }
+
+    /// Standard normal values from the same counter-based generator.
+    #[track_caller]
+    pub fn rand_normal(&self, dims: &[usize], seed: u64, dtype: DType) -> Result<Tensor<'_>> {
+        self.random(Op::RandNormal { seed }, dims, dtype)
+    }
+
+    #[track_caller]
+    fn random(&self, op: Op, dims: &[usize], dtype: DType) -> Result<Tensor<'_>> {
+        check_rank(op.name(), dims)?;
+        if !dtype.is_float() {
+            return Err(Error::dtype(op.name(), format!("random values are float, not {dtype}")));
+        }
+        let numel: usize = dims.iter().product();
+        if numel > u32::MAX as usize / 2 {
+            return Err(Error::invalid(op.name(), "the generator's counter is 32-bit: at most 2^31 elements"));
+        }
+        Ok(self.record(op, &[], dims, dtype, &[], Location::caller()))
+    }
+}
