@@ -22,10 +22,12 @@
 //!   different order (tree reductions, tiled products, fused multiply-add);
 //! - GRADIENTS (1e-4): backward graphs chain several of the above.
 
+mod common;
+
 use kiln::prelude::*;
 use kiln::rng::SplitMix64;
 use kiln::{BinaryOp, CompareOp, ErrorKind, ReduceOp, UnaryOp};
-use kiln_wgsl::{wgpu, WgpuBackend, WgpuOptions};
+use kiln_wgsl::WgpuOptions;
 
 const EXACT: f64 = 0.0;
 const ARITH: f64 = 1e-6;
@@ -35,22 +37,11 @@ const SUMS: f64 = 2e-5;
 const GRADIENTS: f64 = 1e-4;
 
 fn wgpu_device_with(options: WgpuOptions) -> Option<Device> {
-    let options = WgpuOptions { backends: wgpu::Backends::VULKAN, ..options };
-    match pollster::block_on(WgpuBackend::new(options)) {
-        Ok(be) => {
-            assert_eq!(be.adapter_info().backend, wgpu::Backend::Vulkan);
-            Some(Device::from_backend(be))
-        }
-        Err(e) if std::env::var("CI").is_err() => {
-            eprintln!("note: no Vulkan adapter ({e}); skipping the wgpu parity test");
-            None
-        }
-        Err(e) => panic!("CI is set but no Vulkan adapter was found: {e}"),
-    }
+    common::vulkan_device_with(options, "the wgpu parity test")
 }
 
 fn wgpu_device() -> Option<Device> {
-    wgpu_device_with(WgpuOptions::default())
+    common::vulkan_device("the wgpu parity test")
 }
 
 /// Deterministic values in [lo, hi).

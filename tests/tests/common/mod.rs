@@ -1,7 +1,37 @@
 //! Helpers shared by the cross-crate test files.
 #![allow(dead_code)]
 
-use kiln::{Blocking, BlockingParam, Param, Tensor};
+use kiln::{Blocking, BlockingParam, Device, DeviceSelection, Param, Tensor, WgpuOptions};
+use kiln_wgsl::wgpu;
+
+/// The wgpu device the GPU tests run on: Vulkan, which on CI is Mesa's
+/// software driver (lavapipe). With the `CI` environment variable set a
+/// missing adapter FAILS the test, so CI cannot pass by skipping; without
+/// it the caller gets `None` and a note, and passes vacuously.
+pub fn vulkan_device(suite: &str) -> Option<Device> {
+    accept_vulkan(Device::from_name("vulkan"), suite)
+}
+
+/// `vulkan_device` with explicit options (e.g. lowered limits); the
+/// backend set is forced to Vulkan.
+pub fn vulkan_device_with(options: WgpuOptions, suite: &str) -> Option<Device> {
+    accept_vulkan(Device::wgpu(WgpuOptions { backends: wgpu::Backends::VULKAN, ..options }), suite)
+}
+
+fn accept_vulkan(device: kiln::Result<Device>, suite: &str) -> Option<Device> {
+    match device {
+        Ok(device) => {
+            // "wgpu (<adapter>, Vulkan, <type>)"
+            assert!(device.name().contains(", Vulkan,"), "asked for Vulkan, got {}", device.name());
+            Some(device)
+        }
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("note: no Vulkan adapter ({e}); skipping {suite}");
+            None
+        }
+        Err(e) => panic!("CI is set but no Vulkan adapter was found for {suite}: {e}"),
+    }
+}
 
 /// Values of a float tensor as f64, whatever its float dtype.
 pub fn values(t: &Tensor<'_>) -> Vec<f64> {
