@@ -426,6 +426,11 @@ impl Graph {
         }
     }
 
+    /// The buffer holding a node's value, if computed.
+    pub(crate) fn value_buffer(&self, id: NodeId) -> Option<BufferId> {
+        self.state.borrow().values.get(id as usize).copied().flatten()
+    }
+
     pub(crate) fn set_flag(&self, id: NodeId, flag: u8) {
         self.state.borrow_mut().nodes[id as usize].flags |= flag;
     }

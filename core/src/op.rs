@@ -160,16 +160,23 @@ pub enum Op {
     Im2Col(Window2d),
     /// The adjoint of Im2Col: [N, C·kh·kw, OH·OW] → [N, C, H, W], summing
     /// the contributions of overlapping windows. `image` is (H, W).
-    Col2Im { window: Window2d, image: [u32; 2] },
+    Col2Im {
+        window: Window2d,
+        image: [u32; 2],
+    },
     /// Maximum of each window (padding never wins; NaN does).
     MaxPool2d(Window2d),
     /// maxpool2d_backward(x, g): for each window of x, g's value added at the
     /// window's first maximum (row-major order within the window).
     MaxPool2dBackward(Window2d),
     /// Uniform in [0, 1): value i = f(seed, i), the same on every backend.
-    RandUniform { seed: u64 },
+    RandUniform {
+        seed: u64,
+    },
     /// Standard normal from the same counter-based generator (Box–Muller).
-    RandNormal { seed: u64 },
+    RandNormal {
+        seed: u64,
+    },
 }
 
 impl UnaryOp {

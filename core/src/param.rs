@@ -152,6 +152,38 @@ impl Param {
         Ok(())
     }
 
+    /// Overwrite the values with a graph tensor's (computed now). For state
+    /// updated outside autograd, such as batch-norm running statistics; call
+    /// it under `no_grad`. Graphs that read the old values refuse to
+    /// recompute from the new ones.
+    #[track_caller]
+    pub fn assign(&self, value: crate::graph::Tensor<'_>) -> Result<()> {
+        if value.dims() != self.0.dims || value.dtype() != self.0.dtype {
+            return Err(Error::shape(
+                "Param::assign",
+                format!(
+                    "parameter '{}' is {} {}, the value is {} {}",
+                    self.name(),
+                    fmt_dims(&self.0.dims),
+                    self.0.dtype,
+                    fmt_dims(&value.dims()),
+                    value.dtype()
+                ),
+            ));
+        }
+        let graph = value.graph();
+        if !graph.device().same(&self.0.device) {
+            return Err(Error::invalid("Param::assign", "the value lives on another device"));
+        }
+        graph.realize(&[value])?;
+        let source = graph.value_buffer(value.id()).ok_or_else(|| Error::backend("Param::assign", "value missing"))?;
+        let backend = self.0.device.backend();
+        backend.copy(source, self.0.value, self.0.dtype, self.numel())?;
+        backend.flush()?;
+        self.bump_version();
+        Ok(())
+    }
+
     /// Add a gradient held in `buffer` (owned by the caller, who gives up
     /// ownership when `take` is true) to the accumulated gradient.
     pub(crate) fn accumulate_grad(&self, buffer: BufferId, take: bool) -> Result<()> {

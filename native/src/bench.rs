@@ -96,6 +96,28 @@ pub fn w1_mlp_step(device: &Device, backend: &str, counted: usize) -> Result<Ben
     Ok(summarize("W1", backend, times, String::new()))
 }
 
+/// W2: CNN training step (BENCHMARKS.md), Adam, batch 64 of 28x28x1.
+pub fn w2_cnn_step(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
+    let model = crate::models::cnn(device, [1, 28, 28], 10, 1)?;
+    let mut optimizer = Adam::new(model.parameters(), 1e-3)?;
+    let images = random_vec(64 * 784, 7);
+    let mut rng = SplitMix64::new(8);
+    let labels: Vec<i32> = (0..64).map(|_| rng.below(10) as i32).collect();
+    let mut graph = Graph::new(device);
+    let times = time_runs(5, counted, || {
+        graph.reset();
+        let x = graph.tensor_from(&images, &[64, 784])?;
+        let y = graph.tensor_from(&labels, &[64])?;
+        let loss = cross_entropy(model.forward(x)?, y)?;
+        optimizer.zero_grad();
+        loss.backward()?;
+        optimizer.step()?;
+        loss.item_blocking()?;
+        Ok(())
+    })?;
+    Ok(summarize("W2", backend, times, String::new()))
+}
+
 /// W3: 1000 × tanh(y·1.0001 + 0.001) on 16 floats, forward + backward.
 pub fn w3_graph_overhead(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
     let x0 = random_vec(16, 4);

@@ -35,6 +35,7 @@ pub use kiln_core::*;
 
 pub mod bench;
 pub mod devices;
+pub mod models;
 pub mod train;
 
 pub use devices::DeviceSelection;

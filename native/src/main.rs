@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::bench;
 use kiln::data::{self, DatasetSplit};
-use kiln::nn::{Activation, Module, Sequential};
+use kiln::models;
+use kiln::nn::Module;
 use kiln::optim::Adam;
 use kiln::train::{train_classifier, TrainConfig};
 use kiln::{Device, DeviceSelection, Error, Result};
@@ -41,10 +42,20 @@ enum DatasetName {
     FashionMnist,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModelName {
+    /// Fully connected layers (widths from --hidden).
+    Mlp,
+    /// Two conv + ReLU + maxpool stages, then a 128-wide hidden layer.
+    Cnn,
+}
+
 #[derive(clap::Args)]
 struct TrainArgs {
     #[arg(long, value_enum, default_value = "digits")]
     dataset: DatasetName,
+    #[arg(long, value_enum, default_value = "mlp")]
+    model: ModelName,
     /// Directory holding the IDX files (for mnist and fashion-mnist).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -76,8 +87,8 @@ struct BenchArgs {
     /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
     #[arg(long, env = "KILN_DEVICE", default_value = "cpu")]
     device: String,
-    /// Workloads to run (W1, W3, W4).
-    #[arg(long, value_delimiter = ',', default_value = "W1,W3,W4")]
+    /// Workloads to run (W1, W2, W3, W4).
+    #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
 }
 
@@ -106,21 +117,33 @@ fn train(args: TrainArgs) -> Result<()> {
     let digits = args.dataset == DatasetName::Digits;
     let split = load(&args)?;
     let device = Device::from_name(&args.device)?;
-    let hidden = args.hidden.clone().unwrap_or(if digits { vec![128] } else { vec![512, 256] });
-    let mut widths = vec![split.train.features];
-    widths.extend(&hidden);
-    widths.push(split.train.classes);
-    let model = Sequential::mlp(&device, &widths, Activation::Relu, args.seed)?;
+    let cnn = args.model == ModelName::Cnn;
+    let (model, description) = if cnn {
+        let image = split.train.image_dims;
+        (models::cnn(&device, image, split.train.classes, args.seed)?, format!("CNN for {image:?} images"))
+    } else {
+        let hidden = args.hidden.clone().unwrap_or(if digits { vec![128] } else { vec![512, 256] });
+        let mut widths = vec![split.train.features];
+        widths.extend(&hidden);
+        widths.push(split.train.classes);
+        (models::mlp(&device, &widths, args.seed)?, format!("MLP {widths:?}"))
+    };
     let lr = args.lr.unwrap_or(if digits { 3e-3 } else { 1e-3 });
     let mut optimizer = Adam::new(model.parameters(), lr)?;
     let config = TrainConfig {
         epochs: args.epochs.unwrap_or(if digits { 30 } else { 10 }),
-        batch_size: args.batch_size.unwrap_or(if digits { 32 } else { 128 }),
+        batch_size: args.batch_size.unwrap_or(if digits {
+            32
+        } else if cnn {
+            64
+        } else {
+            128
+        }),
         seed: args.seed,
         lr_decay: if digits { 0.93 } else { 0.8 },
     };
     println!(
-        "kiln train: MLP {widths:?} ({} parameters) on {} ({} train / {} test), device {}",
+        "kiln train: {description} ({} parameters) on {} ({} train / {} test), device {}",
         model.num_parameters(),
         match args.dataset {
             DatasetName::Digits => "embedded digits",
@@ -168,8 +191,8 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             "W1" => bench::w1_mlp_step(&device, backend, 100)?,
             "W3" => bench::w3_graph_overhead(&device, backend, 20)?,
             "W4" => bench::w4_gemm(&device, backend, 10)?,
-            "W2" => return Err(Error::unsupported("bench", "W2 needs Conv2d, which kiln does not have yet")),
-            other => return Err(Error::invalid("bench", format!("unknown workload {other}; use W1, W3 or W4"))),
+            "W2" => bench::w2_cnn_step(&device, backend, 20)?,
+            other => return Err(Error::invalid("bench", format!("unknown workload {other}; use W1, W2, W3 or W4"))),
         };
         println!("{}", result.json());
     }

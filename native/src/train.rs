@@ -48,6 +48,7 @@ pub fn evaluate(device: &Device, model: &dyn Module, data: &Dataset, batch_size:
     if data.is_empty() {
         return Err(Error::invalid("evaluate", "the evaluation set is empty"));
     }
+    model.set_training(false);
     let mut graph = Graph::new(device);
     let mut correct = 0.0;
     for batch in data.batches(batch_size, None, 0)? {
@@ -55,8 +56,13 @@ pub fn evaluate(device: &Device, model: &dyn Module, data: &Dataset, batch_size:
         let _no_grad = graph.no_grad();
         let x = graph.tensor_from(&batch.images, &[batch.len, data.features])?;
         let y = graph.tensor_from(&batch.labels, &[batch.len])?;
-        correct += count_correct(model.forward(x)?, y)?.item_blocking()?;
+        let counted = count_correct(model.forward(x)?, y).and_then(|c| c.item_blocking());
+        if counted.is_err() {
+            model.set_training(true);
+        }
+        correct += counted?;
     }
+    model.set_training(true);
     Ok(correct / data.len as f64)
 }
 

@@ -5,9 +5,9 @@
 
 use smallvec::{smallvec, SmallVec};
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
-use crate::dtype::DType;
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp, Window2d};
 use crate::ops::SliceSpec;
 use crate::shape::{reduced_dims, AxisSet};

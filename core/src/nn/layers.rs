@@ -40,18 +40,9 @@ impl Linear {
         }
         let bound = 1.0 / (in_features as f64).sqrt();
         let mut rng = SplitMix64::new(seed);
-        let mut draw = |n: usize| -> Vec<f64> { (0..n).map(|_| rng.uniform(-bound, bound)).collect() };
-        let weight = Param::from_host(
-            device,
-            "weight",
-            to_dtype(draw(in_features * out_features), dtype)?,
-            &[out_features, in_features],
-        )?;
-        let bias = if bias {
-            Some(Param::from_host(device, "bias", to_dtype(draw(out_features), dtype)?, &[out_features])?)
-        } else {
-            None
-        };
+        let weight = uniform_param(device, "weight", &[out_features, in_features], bound, &mut rng, dtype)?;
+        let bias =
+            if bias { Some(uniform_param(device, "bias", &[out_features], bound, &mut rng, dtype)?) } else { None };
         Ok(Linear { weight, bias, in_features, out_features })
     }
 
@@ -63,12 +54,28 @@ impl Linear {
     }
 }
 
-fn to_dtype(values: Vec<f64>, dtype: DType) -> Result<crate::dtype::HostData> {
+/// A parameter of `dims` drawn uniformly from ±`bound` (PyTorch's default
+/// initialisation of linear and convolution layers uses 1/√fan_in).
+pub(crate) fn uniform_param(
+    device: &Device,
+    name: &str,
+    dims: &[usize],
+    bound: f64,
+    rng: &mut SplitMix64,
+    dtype: DType,
+) -> Result<Param> {
+    let n: usize = dims.iter().product();
+    let values: Vec<f64> = (0..n).map(|_| rng.uniform(-bound, bound)).collect();
+    Param::from_host(device, name, constant_data(values, dtype)?, dims)
+}
+
+/// Host data of a float `dtype` from f64 values.
+pub(crate) fn constant_data(values: Vec<f64>, dtype: DType) -> Result<crate::dtype::HostData> {
     use crate::dtype::HostData;
     match dtype {
         DType::F32 => Ok(HostData::F32(values.into_iter().map(|v| v as f32).collect())),
         DType::F64 => Ok(HostData::F64(values)),
-        other => Err(Error::dtype("Linear", format!("parameters must be f32 or f64, got {other}"))),
+        other => Err(Error::dtype("Param", format!("parameters must be f32 or f64, got {other}"))),
     }
 }
 
@@ -168,7 +175,87 @@ impl Module for Sequential {
     fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
         self.layers.iter().try_fold(x, |x, layer| layer.forward(x))
     }
+    fn set_training(&self, training: bool) {
+        self.layers.iter().for_each(|l| l.set_training(training));
+    }
     fn parameters(&self) -> Vec<Param> {
         self.layers.iter().flat_map(|l| l.parameters()).collect()
+    }
+}
+
+/// Zeroes each element with probability `p` in training mode and scales the
+/// rest by 1/(1-p); the identity in evaluation mode. The mask comes from the
+/// counter-based generator keyed by (seed, call number), so a run replays
+/// exactly on every backend.
+pub struct Dropout {
+    p: f64,
+    seed: u64,
+    calls: std::cell::Cell<u64>,
+    training: std::cell::Cell<bool>,
+}
+
+impl Dropout {
+    pub fn new(p: f64, seed: u64) -> Result<Dropout> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::invalid("Dropout", format!("p = {p} must be in [0, 1)")));
+        }
+        Ok(Dropout { p, seed, calls: std::cell::Cell::new(0), training: std::cell::Cell::new(true) })
+    }
+}
+
+impl Module for Dropout {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        if !self.training.get() || self.p == 0.0 {
+            return Ok(x);
+        }
+        let call = self.calls.get();
+        self.calls.set(call + 1);
+        let seed = self.seed.wrapping_add(call.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let keep = x.graph().rand_uniform(&x.dims(), seed, x.dtype())?.ge(self.p)?;
+        keep.where_(x.div(1.0 - self.p)?, 0.0)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        Vec::new()
+    }
+    fn set_training(&self, training: bool) {
+        self.training.set(training);
+    }
+}
+
+/// A lookup table: i32 indices of any shape → [..., dim] rows of the weight
+/// (initialised from a standard normal, as in PyTorch).
+pub struct Embedding {
+    pub weight: Param,
+    count: usize,
+    dim: usize,
+}
+
+impl Embedding {
+    pub fn new(device: &Device, count: usize, dim: usize, seed: u64) -> Result<Embedding> {
+        if count == 0 || dim == 0 {
+            return Err(Error::invalid("Embedding", format!("needs count > 0 and dim > 0, got {count} and {dim}")));
+        }
+        let mut rng = SplitMix64::new(seed);
+        let values: Vec<f64> = (0..count * dim).map(|_| rng.normal()).collect();
+        let weight = Param::from_host(device, "weight", constant_data(values, DType::F32)?, &[count, dim])?;
+        Ok(Embedding { weight, count, dim })
+    }
+    pub fn count(&self) -> usize {
+        self.count
+    }
+}
+
+impl Module for Embedding {
+    fn forward<'g>(&self, indices: Tensor<'g>) -> Result<Tensor<'g>> {
+        if indices.dtype() != DType::I32 {
+            return Err(Error::dtype("Embedding", format!("indices must be i32, got {}", indices.dtype())));
+        }
+        let mut out_dims: Vec<usize> = indices.dims().to_vec();
+        out_dims.push(self.dim);
+        let flat = indices.reshape_to(&[indices.numel()])?;
+        indices.graph().param(&self.weight)?.index_select(0, flat)?.reshape_to(&out_dims)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        vec![self.weight.clone()]
     }
 }

@@ -1,10 +1,14 @@
 //! Layers and losses built from the primitive ops.
 
+mod conv;
 mod layers;
 pub mod loss;
+mod norm;
 
-pub use layers::{Activation, Linear, Sequential};
+pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, ConvOptions, ConvTranspose2d, Flatten, MaxPool2d, Unflatten};
+pub use layers::{Activation, Dropout, Embedding, Linear, Sequential};
 pub use loss::{cross_entropy, cross_entropy_probs, mse_loss, nll_loss};
+pub use norm::{BatchNorm2d, LayerNorm};
 
 use crate::error::Result;
 use crate::graph::Tensor;
@@ -25,6 +29,10 @@ pub trait Module {
             p.zero_grad();
         }
     }
+
+    /// Switch between training (dropout active, batch statistics) and
+    /// evaluation behaviour. Layers without such behaviour ignore it.
+    fn set_training(&self, _training: bool) {}
 
     /// Total number of scalar parameters.
     fn num_parameters(&self) -> usize {

@@ -1,0 +1,351 @@
+//! Convolution and pooling layers, composed from Im2Col/Col2Im, MatMul and
+//! the pooling ops (NCHW layout, PyTorch's parameter shapes).
+
+use super::layers::uniform_param;
+use super::Module;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::op::Window2d;
+use crate::param::Param;
+use crate::rng::SplitMix64;
+
+/// Options shared by the convolution layers: stride, padding, dilation
+/// (height, width), groups, bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvOptions {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+    pub bias: bool,
+}
+
+impl Default for ConvOptions {
+    fn default() -> Self {
+        ConvOptions { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1, bias: true }
+    }
+}
+
+fn dims4(op: &'static str, x: &Tensor<'_>, channels: usize) -> Result<[usize; 4]> {
+    let d = x.dims();
+    if d.len() != 4 || d[1] != channels {
+        return Err(Error::shape(op, format!("expects [N, {channels}, H, W], got {:?}", d.as_slice())));
+    }
+    Ok([d[0], d[1], d[2], d[3]])
+}
+
+/// 2-D convolution: weight [out, in/groups, kh, kw], bias [out].
+/// Computed as Im2Col → MatMul (batched over groups) → reshape.
+pub struct Conv2d {
+    pub weight: Param,
+    pub bias: Option<Param>,
+    in_channels: usize,
+    out_channels: usize,
+    kernel: [usize; 2],
+    window: Window2d,
+    groups: usize,
+}
+
+impl Conv2d {
+    /// PyTorch's default initialisation (uniform ±1/√fan_in), f32.
+    pub fn new(
+        device: &Device,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        options: ConvOptions,
+        seed: u64,
+    ) -> Result<Conv2d> {
+        let g = options.groups;
+        if g == 0 || in_channels == 0 || out_channels == 0 || in_channels % g != 0 || out_channels % g != 0 {
+            return Err(Error::invalid(
+                "Conv2d",
+                format!("channels {in_channels}→{out_channels} must be positive and divisible by groups {g}"),
+            ));
+        }
+        let window = Window2d::new(kernel, options.stride, options.padding, options.dilation)?;
+        let fan_in = in_channels / g * kernel[0] * kernel[1];
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        let mut rng = SplitMix64::new(seed);
+        let weight = uniform_param(
+            device,
+            "weight",
+            &[out_channels, in_channels / g, kernel[0], kernel[1]],
+            bound,
+            &mut rng,
+            DType::F32,
+        )?;
+        let bias = if options.bias {
+            Some(uniform_param(device, "bias", &[out_channels], bound, &mut rng, DType::F32)?)
+        } else {
+            None
+        };
+        Ok(Conv2d { weight, bias, in_channels, out_channels, kernel, window, groups: g })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let [n, _, h, w] = dims4("Conv2d", &x, self.in_channels)?;
+        let graph = x.graph();
+        let [oh, ow] = self.window.output_size([h, w]).ok_or_else(|| {
+            Error::shape("Conv2d", format!("a {:?} kernel does not fit a {h}x{w} input", self.kernel))
+        })?;
+        let (g, k) = (self.groups, self.window.kernel_elements());
+        let cols = x.im2col(self.window)?;
+        let weight = graph.param(&self.weight)?;
+        let y = if g == 1 {
+            // [out, in·k] · [N, in·k, L] → [N, out, L]
+            weight.reshape_to(&[self.out_channels, self.in_channels * k])?.matmul(cols)?
+        } else {
+            let cols = cols.reshape_to(&[n, g, self.in_channels / g * k, oh * ow])?;
+            let weight = weight.reshape_to(&[g, self.out_channels / g, self.in_channels / g * k])?;
+            weight.matmul(cols)?
+        };
+        let y = y.reshape_to(&[n, self.out_channels, oh, ow])?;
+        match &self.bias {
+            Some(b) => y.add(graph.param(b)?.reshape_to(&[1, self.out_channels, 1, 1])?),
+            None => Ok(y),
+        }
+    }
+    fn parameters(&self) -> Vec<Param> {
+        let mut p = vec![self.weight.clone()];
+        p.extend(self.bias.clone());
+        p
+    }
+}
+
+/// Transposed 2-D convolution (groups = 1): weight [in, out, kh, kw], bias
+/// [out]; computed as MatMul → Col2Im, the adjoint of Conv2d's unfolding.
+pub struct ConvTranspose2d {
+    pub weight: Param,
+    pub bias: Option<Param>,
+    in_channels: usize,
+    out_channels: usize,
+    kernel: [usize; 2],
+    window: Window2d,
+    output_padding: [usize; 2],
+}
+
+impl ConvTranspose2d {
+    /// `options.groups` must be 1; `output_padding` adds rows/columns at the
+    /// bottom/right of the output (must be smaller than the stride).
+    pub fn new(
+        device: &Device,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: [usize; 2],
+        options: ConvOptions,
+        output_padding: [usize; 2],
+        seed: u64,
+    ) -> Result<ConvTranspose2d> {
+        if options.groups != 1 {
+            return Err(Error::unsupported("ConvTranspose2d", "groups other than 1 are not implemented"));
+        }
+        if in_channels == 0 || out_channels == 0 {
+            return Err(Error::invalid("ConvTranspose2d", "channel counts must be positive"));
+        }
+        if (0..2).any(|a| output_padding[a] >= options.stride[a]) {
+            return Err(Error::invalid(
+                "ConvTranspose2d",
+                format!("output_padding {output_padding:?} must be smaller than the stride"),
+            ));
+        }
+        let window = Window2d::new(kernel, options.stride, options.padding, options.dilation)?;
+        let fan_in = out_channels * kernel[0] * kernel[1];
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        let mut rng = SplitMix64::new(seed);
+        let weight = uniform_param(
+            device,
+            "weight",
+            &[in_channels, out_channels, kernel[0], kernel[1]],
+            bound,
+            &mut rng,
+            DType::F32,
+        )?;
+        let bias = if options.bias {
+            Some(uniform_param(device, "bias", &[out_channels], bound, &mut rng, DType::F32)?)
+        } else {
+            None
+        };
+        Ok(ConvTranspose2d { weight, bias, in_channels, out_channels, kernel, window, output_padding })
+    }
+}
+
+impl Module for ConvTranspose2d {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let [n, _, h, w] = dims4("ConvTranspose2d", &x, self.in_channels)?;
+        let graph = x.graph();
+        let image = [0, 1].map(|a| {
+            let s = self.window.stride[a] as usize;
+            let d = self.window.dilation[a] as usize;
+            let p = self.window.pad_begin[a] as usize;
+            let size = [h, w][a];
+            ((size - 1) * s + d * (self.kernel[a] - 1) + 1 + self.output_padding[a]).checked_sub(2 * p)
+        });
+        let (Some(oh), Some(ow)) = (image[0], image[1]) else {
+            return Err(Error::shape("ConvTranspose2d", "padding removes the whole output"));
+        };
+        let k = self.window.kernel_elements();
+        let weight = graph.param(&self.weight)?.reshape_to(&[self.in_channels, self.out_channels * k])?;
+        // [in, out·k]ᵀ · [N, in, H·W] → [N, out·k, H·W], then fold.
+        let cols = weight.matmul_t(x.reshape_to(&[n, self.in_channels, h * w])?, true, false)?;
+        let y = cols.col2im([oh, ow], self.window)?;
+        match &self.bias {
+            Some(b) => y.add(graph.param(b)?.reshape_to(&[1, self.out_channels, 1, 1])?),
+            None => Ok(y),
+        }
+    }
+    fn parameters(&self) -> Vec<Param> {
+        let mut p = vec![self.weight.clone()];
+        p.extend(self.bias.clone());
+        p
+    }
+}
+
+/// Max pooling layer (see `Tensor::max_pool2d`).
+#[derive(Clone, Copy, Debug)]
+pub struct MaxPool2d {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ceil_mode: bool,
+}
+
+impl MaxPool2d {
+    /// Kernel `k`, stride `k`, no padding (the common case).
+    pub fn new(k: usize) -> MaxPool2d {
+        MaxPool2d { kernel: [k, k], stride: [k, k], padding: [0, 0], dilation: [1, 1], ceil_mode: false }
+    }
+}
+
+impl Module for MaxPool2d {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        x.max_pool2d(self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        Vec::new()
+    }
+}
+
+/// Average pooling; padding counts as zeros in the average (PyTorch's
+/// default count_include_pad = true).
+#[derive(Clone, Copy, Debug)]
+pub struct AvgPool2d {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+impl AvgPool2d {
+    pub fn new(k: usize) -> AvgPool2d {
+        AvgPool2d { kernel: [k, k], stride: [k, k], padding: [0, 0] }
+    }
+}
+
+/// Mean over each window, as Im2Col → mean.
+fn avg_pool<'g>(x: Tensor<'g>, window: Window2d) -> Result<Tensor<'g>> {
+    let d = x.dims();
+    if d.len() != 4 {
+        return Err(Error::shape("AvgPool2d", format!("expects NCHW, got {:?}", d.as_slice())));
+    }
+    let [oh, ow] = window.output_size([d[2], d[3]]).ok_or_else(|| {
+        Error::shape("AvgPool2d", format!("window {:?} does not fit {:?}", window.kernel, d.as_slice()))
+    })?;
+    let k = window.kernel_elements();
+    x.im2col(window)?.reshape_to(&[d[0], d[1], k, oh * ow])?.mean(&[2], false)?.reshape_to(&[d[0], d[1], oh, ow])
+}
+
+impl Module for AvgPool2d {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        avg_pool(x, Window2d::new(self.kernel, self.stride, self.padding, [1, 1])?)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        Vec::new()
+    }
+}
+
+/// Average pooling to a fixed output size. Window i along an axis covers
+/// [⌊i·H/out⌋, ⌈(i+1)·H/out⌉), as in PyTorch.
+#[derive(Clone, Copy, Debug)]
+pub struct AdaptiveAvgPool2d {
+    pub output: [usize; 2],
+}
+
+impl Module for AdaptiveAvgPool2d {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let d = x.dims();
+        let [oh, ow] = self.output;
+        if d.len() != 4 || oh == 0 || ow == 0 || d[2] < oh || d[3] < ow {
+            return Err(Error::shape(
+                "AdaptiveAvgPool2d",
+                format!("cannot pool {:?} to {:?}", d.as_slice(), self.output),
+            ));
+        }
+        let (h, w) = (d[2], d[3]);
+        if h % oh == 0 && w % ow == 0 {
+            let k = [h / oh, w / ow];
+            return avg_pool(x, Window2d::new(k, k, [0, 0], [1, 1])?);
+        }
+        // Uneven windows: one slice and mean per output row and column.
+        let rows = (0..oh)
+            .map(|i| {
+                let band = x.slice_axis(2, i * h / oh, ((i + 1) * h).div_ceil(oh), 1)?;
+                let cells = (0..ow)
+                    .map(|j| band.slice_axis(3, j * w / ow, ((j + 1) * w).div_ceil(ow), 1)?.mean(&[2, 3], true))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::concat(&cells, 3)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::concat(&rows, 2)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        Vec::new()
+    }
+}
+
+/// [N, ...] → [N, product of the rest].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Flatten;
+
+impl Module for Flatten {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let d = x.dims();
+        if d.is_empty() {
+            return Err(Error::shape("Flatten", "cannot flatten a rank-0 tensor"));
+        }
+        x.reshape_to(&[d[0], d[1..].iter().product()])
+    }
+    fn parameters(&self) -> Vec<Param> {
+        Vec::new()
+    }
+}
+
+/// [N, features] → [N, ...dims]: flat rows back into images (the datasets
+/// store images as rows).
+#[derive(Clone, Debug)]
+pub struct Unflatten {
+    pub dims: Vec<usize>,
+}
+
+impl Module for Unflatten {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let d = x.dims();
+        let features: usize = self.dims.iter().product();
+        if d.len() != 2 || d[1] != features {
+            return Err(Error::shape(
+                "Unflatten",
+                format!("expects [N, {features}] to unflatten into {:?}, got {:?}", self.dims, d.as_slice()),
+            ));
+        }
+        let mut dims = vec![d[0]];
+        dims.extend(&self.dims);
+        x.reshape_to(&dims)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,156 @@
+//! Normalisation layers.
+
+use std::cell::Cell;
+
+use super::layers::constant_data;
+use super::Module;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::param::Param;
+
+fn filled(device: &Device, name: &str, n: usize, value: f64) -> Result<Param> {
+    Param::from_host(device, name, constant_data(vec![value; n], DType::F32)?, &[n])
+}
+
+/// Normalise over the trailing `normalized` dimensions, then scale and shift
+/// (weight starts at 1, bias at 0).
+pub struct LayerNorm {
+    pub weight: Param,
+    pub bias: Param,
+    normalized: Vec<usize>,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(device: &Device, normalized: &[usize], eps: f64) -> Result<LayerNorm> {
+        let n: usize = normalized.iter().product();
+        if normalized.is_empty() || n == 0 || eps.is_nan() || eps <= 0.0 {
+            return Err(Error::invalid(
+                "LayerNorm",
+                format!("needs a non-empty shape and eps > 0, got {normalized:?} and {eps}"),
+            ));
+        }
+        let weight = Param::from_host(device, "weight", constant_data(vec![1.0; n], DType::F32)?, normalized)?;
+        let bias = Param::from_host(device, "bias", constant_data(vec![0.0; n], DType::F32)?, normalized)?;
+        Ok(LayerNorm { weight, bias, normalized: normalized.to_vec(), eps })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let d = x.dims();
+        let k = self.normalized.len();
+        if d.len() < k || d[d.len() - k..] != self.normalized[..] {
+            return Err(Error::shape(
+                "LayerNorm",
+                format!("input {:?} does not end in {:?}", d.as_slice(), self.normalized),
+            ));
+        }
+        let axes: Vec<isize> = (d.len() - k..d.len()).map(|a| a as isize).collect();
+        let graph = x.graph();
+        let mean = x.mean(&axes, true)?;
+        let var = x.var(&axes, true, 0)?;
+        let normalized = x.sub(mean)?.div(var.add(self.eps)?.sqrt()?)?;
+        normalized.mul(graph.param(&self.weight)?)?.add(graph.param(&self.bias)?)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        vec![self.weight.clone(), self.bias.clone()]
+    }
+}
+
+/// Batch normalisation over (N, H, W) per channel of an NCHW input.
+/// Training mode normalises with the batch's statistics and updates the
+/// running statistics under no_grad (momentum, unbiased variance, as in
+/// PyTorch); evaluation mode normalises with the running statistics.
+pub struct BatchNorm2d {
+    pub weight: Param,
+    pub bias: Param,
+    /// Running statistics: parameters that never require grad.
+    pub running_mean: Param,
+    pub running_var: Param,
+    channels: usize,
+    eps: f64,
+    momentum: f64,
+    training: Cell<bool>,
+}
+
+impl BatchNorm2d {
+    pub fn new(device: &Device, channels: usize, eps: f64, momentum: f64) -> Result<BatchNorm2d> {
+        if channels == 0 || eps.is_nan() || eps <= 0.0 || !(0.0..=1.0).contains(&momentum) {
+            return Err(Error::invalid(
+                "BatchNorm2d",
+                format!("channels {channels} > 0, eps {eps} > 0 and momentum {momentum} in [0, 1] required"),
+            ));
+        }
+        let running_mean = filled(device, "running_mean", channels, 0.0)?;
+        let running_var = filled(device, "running_var", channels, 1.0)?;
+        running_mean.set_requires_grad(false);
+        running_var.set_requires_grad(false);
+        Ok(BatchNorm2d {
+            weight: filled(device, "weight", channels, 1.0)?,
+            bias: filled(device, "bias", channels, 0.0)?,
+            running_mean,
+            running_var,
+            channels,
+            eps,
+            momentum,
+            training: Cell::new(true),
+        })
+    }
+
+    pub fn is_training(&self) -> bool {
+        self.training.get()
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let d = x.dims();
+        if d.len() != 4 || d[1] != self.channels {
+            return Err(Error::shape(
+                "BatchNorm2d",
+                format!("expects [N, {}, H, W], got {:?}", self.channels, d.as_slice()),
+            ));
+        }
+        let graph = x.graph();
+        let per_channel = [1, self.channels, 1, 1];
+        let (mean, var) = if self.training.get() {
+            let count = d[0] * d[2] * d[3];
+            if count < 2 {
+                return Err(Error::shape("BatchNorm2d", "training needs more than one value per channel"));
+            }
+            let mean = x.mean(&[0, 2, 3], true)?;
+            let var = x.var(&[0, 2, 3], true, 0)?;
+            {
+                let _no_grad = graph.no_grad();
+                let m = self.momentum;
+                let unbiased = var.detach()?.mul(count as f64 / (count - 1) as f64)?.reshape_to(&[self.channels])?;
+                let batch_mean = mean.detach()?.reshape_to(&[self.channels])?;
+                let new_mean = graph.param(&self.running_mean)?.mul(1.0 - m)?.add(batch_mean.mul(m)?)?;
+                let new_var = graph.param(&self.running_var)?.mul(1.0 - m)?.add(unbiased.mul(m)?)?;
+                // Compute both (and x, which the normalisation reuses) at once.
+                graph.realize(&[new_mean, new_var, x])?;
+                self.running_mean.assign(new_mean)?;
+                self.running_var.assign(new_var)?;
+            }
+            (mean, var)
+        } else {
+            (
+                graph.param(&self.running_mean)?.reshape_to(&per_channel)?,
+                graph.param(&self.running_var)?.reshape_to(&per_channel)?,
+            )
+        };
+        let normalized = x.sub(mean)?.div(var.add(self.eps)?.sqrt()?)?;
+        let weight = graph.param(&self.weight)?.reshape_to(&per_channel)?;
+        let bias = graph.param(&self.bias)?.reshape_to(&per_channel)?;
+        normalized.mul(weight)?.add(bias)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        vec![self.weight.clone(), self.bias.clone()]
+    }
+    fn set_training(&self, training: bool) {
+        self.training.set(training);
+    }
+}
