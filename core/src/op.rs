@@ -320,3 +320,101 @@ impl Op {
         matches!(self, Op::Input | Op::Param(_))
     }
 }
+
+impl Op {
+    /// Every primitive, one representative per kind, in OPS.md's order.
+    /// `kind_names` and the coverage report are generated from this list;
+    /// the exhaustive match in `kind_of` makes adding a variant without
+    /// listing it a compile error.
+    pub fn kinds() -> Vec<Op> {
+        let window = Window2d { kernel: [1, 1], stride: [1, 1], dilation: [1, 1], pad_begin: [0, 0], pad_end: [0, 0] };
+        let attrs = AttrRange { start: 0, len: 0 };
+        let mut kinds = vec![
+            Op::Input,
+            Op::Param(0),
+            Op::Full(0.0),
+            Op::Arange { start: 0.0, step: 1.0 },
+            Op::RandUniform { seed: 0 },
+            Op::RandNormal { seed: 0 },
+        ];
+        kinds.extend(UnaryOp::ALL.iter().map(|&u| Op::Unary(u)));
+        kinds.push(Op::Cast(DType::F32));
+        kinds.extend(BinaryOp::ALL.iter().map(|&b| Op::Binary(b)));
+        kinds.extend(CompareOp::ALL.iter().map(|&c| Op::Compare(c)));
+        kinds.push(Op::Where);
+        kinds.extend(ReduceOp::ALL.iter().map(|&op| Op::Reduce { op, axes: AxisSet(1), keepdim: false }));
+        kinds.extend([
+            Op::MatMul { transpose_a: false, transpose_b: false },
+            Op::Reshape,
+            Op::Permute(attrs),
+            Op::Expand,
+            Op::Slice(attrs),
+            Op::SliceBackward(attrs),
+            Op::Concat { axis: 0 },
+            Op::IndexSelect { axis: 0 },
+            Op::ScatterAdd { axis: 0 },
+            Op::Im2Col(window),
+            Op::Col2Im { window, image: [1, 1] },
+            Op::MaxPool2d(window),
+            Op::MaxPool2dBackward(window),
+        ]);
+        debug_assert!(kinds.iter().all(|k| k.kind_of() < Op::KIND_GROUPS));
+        kinds
+    }
+
+    const KIND_GROUPS: usize = 25;
+
+    /// Which group of `kinds()` an op belongs to (exhaustive on purpose).
+    fn kind_of(&self) -> usize {
+        match self {
+            Op::Input => 0,
+            Op::Param(_) => 1,
+            Op::Full(_) => 2,
+            Op::Arange { .. } => 3,
+            Op::RandUniform { .. } => 4,
+            Op::RandNormal { .. } => 5,
+            Op::Unary(_) => 6,
+            Op::Cast(_) => 7,
+            Op::Binary(_) => 8,
+            Op::Compare(_) => 9,
+            Op::Where => 10,
+            Op::Reduce { .. } => 11,
+            Op::MatMul { .. } => 12,
+            Op::Reshape => 13,
+            Op::Permute(_) => 14,
+            Op::Expand => 15,
+            Op::Slice(_) => 16,
+            Op::SliceBackward(_) => 17,
+            Op::Concat { .. } => 18,
+            Op::IndexSelect { .. } => 19,
+            Op::ScatterAdd { .. } => 20,
+            Op::Im2Col(_) => 21,
+            Op::Col2Im { .. } => 22,
+            Op::MaxPool2d(_) => 23,
+            Op::MaxPool2dBackward(_) => 24,
+        }
+    }
+
+    /// The names of every primitive op.
+    pub fn kind_names() -> Vec<&'static str> {
+        Op::kinds().iter().map(|k| k.name()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Op;
+
+    #[test]
+    fn kinds_list_every_variant_group_once_per_name() {
+        let kinds = Op::kinds();
+        let mut groups: Vec<usize> = kinds.iter().map(|k| k.kind_of()).collect();
+        groups.dedup();
+        assert_eq!(groups, (0..Op::KIND_GROUPS).collect::<Vec<_>>());
+        let mut names = Op::kind_names();
+        let total = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), total, "every primitive has its own name");
+    }
+}

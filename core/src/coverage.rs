@@ -1,0 +1,283 @@
+//! The operator coverage report, generated from the code: for every
+//! primitive op, whether each backend has a kernel, whether it has a gradient
+//! rule (or why not), and whether that rule passes a first- and second-order
+//! finite-difference check *now*. `kiln ops` prints it; a test requires every
+//! cell to be filled.
+
+use crate::autograd::rules::not_differentiable_reason;
+use crate::device::Device;
+use crate::dtype::{DType, HostData};
+use crate::error::Result;
+use crate::gradcheck::{gradcheck, gradgradcheck, CheckInput, GradcheckOptions};
+use crate::graph::{Graph, Tensor};
+use crate::op::{BinaryOp, CompareOp, Op, ReduceOp, UnaryOp, Window2d};
+use crate::ops::SliceSpec;
+
+/// A small instance of one op: f64 inputs and the function applying it.
+pub struct OpCase {
+    pub name: &'static str,
+    pub inputs: Vec<CheckInput>,
+    pub build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+}
+
+/// What the report says about one op.
+#[derive(Clone, Debug)]
+pub struct OpCoverage {
+    pub name: &'static str,
+    /// Per device given: Some(true/false) kernel present, None for leaves
+    /// (they hold data; nothing runs).
+    pub kernels: Vec<Option<bool>>,
+    /// Ok(()) when a rule exists, Err(reason) when declared non-differentiable.
+    pub rule: std::result::Result<(), String>,
+    /// Worst error/tolerance ratio of the first-order check (None: not applicable).
+    pub first_order: Option<f64>,
+    pub second_order: Option<f64>,
+}
+
+fn input(values: &[f64], dims: &[usize]) -> CheckInput {
+    CheckInput::new(values.to_vec(), dims)
+}
+
+fn ramp(n: usize, low: f64, step: f64) -> Vec<f64> {
+    // Distinct values (no ties for max/min), away from kinks.
+    (0..n).map(|i| low + step * ((i * 7) % n) as f64).collect()
+}
+
+fn constant_i32<'g>(g: &'g Graph, values: &[i32]) -> Result<Tensor<'g>> {
+    g.tensor_from(values, &[values.len()])
+}
+
+fn window(k: usize, s: usize, p: usize) -> Window2d {
+    Window2d {
+        kernel: [k as u32; 2],
+        stride: [s as u32; 2],
+        dilation: [1; 2],
+        pad_begin: [p as u32; 2],
+        pad_end: [p as u32; 2],
+    }
+}
+
+/// The sample for an op name (every name of `Op::kind_names()` has one).
+pub fn op_case(name: &str) -> Option<OpCase> {
+    let pos = |n| input(&ramp(n, 0.3, 0.17), &[n]);
+    let mat = |r, c| input(&ramp(r * c, -0.9, 0.13), &[r, c]);
+    let image = || input(&ramp(16, -0.8, 0.11), &[1, 1, 4, 4]);
+    let case = |name, inputs, build| Some(OpCase { name, inputs, build });
+    let unary = |u: UnaryOp| -> Option<OpCase> {
+        let inputs = match u {
+            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Recip => vec![pos(6)],
+            _ => vec![mat(2, 3)],
+        };
+        let build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> = match u {
+            UnaryOp::Neg => |_, x| x[0].neg(),
+            UnaryOp::Abs => |_, x| x[0].abs(),
+            UnaryOp::Exp => |_, x| x[0].exp(),
+            UnaryOp::Log => |_, x| x[0].log(),
+            UnaryOp::Sqrt => |_, x| x[0].sqrt(),
+            UnaryOp::Recip => |_, x| x[0].recip(),
+            UnaryOp::Sin => |_, x| x[0].sin(),
+            UnaryOp::Cos => |_, x| x[0].cos(),
+            UnaryOp::Tanh => |_, x| x[0].tanh(),
+            UnaryOp::Sigmoid => |_, x| x[0].sigmoid(),
+            UnaryOp::Relu => |_, x| x[0].relu(),
+            UnaryOp::Erf => |_, x| x[0].erf(),
+            UnaryOp::Erfc => |_, x| x[0].erfc(),
+            UnaryOp::Sign => |_, x| x[0].sign(),
+        };
+        Some(OpCase { name: u.name(), inputs, build })
+    };
+    let binary = |b: BinaryOp| -> Option<OpCase> {
+        let inputs = match b {
+            BinaryOp::Pow | BinaryOp::Div => vec![input(&ramp(6, 0.5, 0.2), &[2, 3]), pos(3)],
+            _ => vec![mat(2, 3), input(&[0.05, -0.35, 0.6], &[3])],
+        };
+        let build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> = match b {
+            BinaryOp::Add => |_, x| x[0].add(x[1]),
+            BinaryOp::Sub => |_, x| x[0].sub(x[1]),
+            BinaryOp::Mul => |_, x| x[0].mul(x[1]),
+            BinaryOp::Div => |_, x| x[0].div(x[1]),
+            BinaryOp::Pow => |_, x| x[0].pow(x[1]),
+            BinaryOp::Maximum => |_, x| x[0].maximum(x[1]),
+            BinaryOp::Minimum => |_, x| x[0].minimum(x[1]),
+        };
+        Some(OpCase { name: b.name(), inputs, build })
+    };
+    let compare = |c: CompareOp| -> Option<OpCase> {
+        let build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> = match c {
+            CompareOp::Equal => |_, x| x[0].eq(x[1]),
+            CompareOp::NotEqual => |_, x| x[0].ne(x[1]),
+            CompareOp::Less => |_, x| x[0].lt(x[1]),
+            CompareOp::LessEqual => |_, x| x[0].le(x[1]),
+            CompareOp::Greater => |_, x| x[0].gt(x[1]),
+            CompareOp::GreaterEqual => |_, x| x[0].ge(x[1]),
+        };
+        Some(OpCase { name: c.name(), inputs: vec![mat(2, 3), input(&[0.05, -0.35, 0.6], &[3])], build })
+    };
+    let reduce = |r: ReduceOp| -> Option<OpCase> {
+        let build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> = match r {
+            ReduceOp::Sum => |_, x| x[0].sum(&[0, 2], true),
+            ReduceOp::Max => |_, x| x[0].max(&[1, 2], false),
+            ReduceOp::Min => |_, x| x[0].min(&[0], false),
+            ReduceOp::Prod => |_, x| x[0].prod(&[2], true),
+            ReduceOp::ArgMax => |_, x| x[0].argmax(&[1], false),
+            ReduceOp::ArgMin => |_, x| x[0].argmin(&[2], false),
+        };
+        Some(OpCase { name: r.name(), inputs: vec![input(&ramp(12, 0.4, 0.1), &[2, 2, 3])], build })
+    };
+    if let Some(&u) = UnaryOp::ALL.iter().find(|u| u.name() == name) {
+        return unary(u);
+    }
+    if let Some(&b) = BinaryOp::ALL.iter().find(|b| b.name() == name) {
+        return binary(b);
+    }
+    if let Some(&c) = CompareOp::ALL.iter().find(|c| c.name() == name) {
+        return compare(c);
+    }
+    if let Some(&r) = ReduceOp::ALL.iter().find(|r| r.name() == name) {
+        return reduce(r);
+    }
+    match name {
+        "Input" => case("Input", vec![mat(2, 2)], |g, x| {
+            g.tensor_from(&[1.0f64, 2.0], &[2]).and_then(|t| t.add(x[0].sum_all()?))
+        }),
+        "Param" => case("Param", vec![mat(2, 2)], |_, x| x[0].mul(2.0)),
+        "Full" => case("Full", vec![mat(2, 2)], |g, x| x[0].add(g.full(&[2, 2], 0.5, x[0].dtype())?)),
+        "Arange" => case("Arange", vec![mat(2, 2)], |g, x| x[0].add(g.arange(0.0, 0.5, 2, x[0].dtype())?)),
+        "RandUniform" => {
+            case("RandUniform", vec![mat(2, 2)], |g, x| x[0].mul(g.rand_uniform(&[2, 2], 3, x[0].dtype())?))
+        }
+        "RandNormal" => {
+            case("RandNormal", vec![mat(2, 2)], |g, x| x[0].mul(g.rand_normal(&[2, 2], 3, x[0].dtype())?))
+        }
+        "Cast" => case("Cast", vec![mat(2, 3)], |_, x| x[0].cast(DType::F64)),
+        "Where" => {
+            case("Where", vec![mat(2, 3), input(&[0.2, 0.3, -0.4], &[3])], |_, x| x[0].gt(0.0)?.where_(x[0], x[1]))
+        }
+        "MatMul" => case("MatMul", vec![mat(2, 3), mat(3, 2)], |_, x| x[0].matmul(x[1])),
+        "Reshape" => case("Reshape", vec![mat(2, 3)], |_, x| x[0].reshape(&[3, 2])),
+        "Permute" => case("Permute", vec![input(&ramp(12, 0.1, 0.1), &[2, 3, 2])], |_, x| x[0].permute(&[2, 0, 1])),
+        "Expand" => case("Expand", vec![input(&[0.1, 0.7, -0.2], &[3, 1])], |_, x| x[0].expand(&[2, 3, 2])),
+        "Slice" => {
+            case("Slice", vec![mat(4, 5)], |_, x| x[0].slice(&[SliceSpec::new(1, 4, 2), SliceSpec::new(0, 5, 3)]))
+        }
+        "SliceBackward" => case("SliceBackward", vec![mat(2, 2)], |_, x| {
+            x[0].slice_backward(&[4, 5], &[SliceSpec::new(1, 4, 2), SliceSpec::new(0, 5, 3)])
+        }),
+        "Concat" => case("Concat", vec![mat(2, 3), mat(1, 3)], |_, x| Tensor::concat(&[x[0], x[1]], 0)),
+        "IndexSelect" => {
+            case("IndexSelect", vec![mat(3, 2)], |g, x| x[0].index_select(0, constant_i32(g, &[2, 0, 2])?))
+        }
+        "ScatterAdd" => {
+            case("ScatterAdd", vec![mat(3, 2), mat(2, 2)], |g, x| x[0].scatter_add(0, constant_i32(g, &[1, 1])?, x[1]))
+        }
+        "Im2Col" => case("Im2Col", vec![image()], |_, x| x[0].im2col(window(2, 1, 1))),
+        "Col2Im" => {
+            case("Col2Im", vec![input(&ramp(36, -0.5, 0.05), &[1, 4, 9])], |_, x| x[0].col2im([4, 4], window(2, 1, 0)))
+        }
+        "MaxPool2d" => case("MaxPool2d", vec![image()], |_, x| x[0].max_pool2d_window(window(2, 2, 0))),
+        "MaxPool2dBackward" => case("MaxPool2dBackward", vec![input(&ramp(4, 0.2, 0.3), &[1, 1, 2, 2])], |g, x| {
+            let pooled_input = g.from_host(HostData::F64(ramp(16, -0.8, 0.11)), &[1, 1, 4, 4])?;
+            pooled_input.max_pool2d_backward(x[0], window(2, 2, 0))
+        }),
+        _ => None,
+    }
+}
+
+/// Check every primitive on the CPU (gradients, in f64) and ask each device
+/// in `devices` whether it has a kernel for it.
+pub async fn coverage(devices: &[Device]) -> Result<Vec<OpCoverage>> {
+    let cpu = Device::cpu();
+    let options = GradcheckOptions::default();
+    let mut rows = Vec::new();
+    for kind in Op::kinds() {
+        let name = kind.name();
+        let case = op_case(name)
+            .ok_or_else(|| crate::error::Error::unsupported("coverage", format!("no sample case for op {name}")))?;
+        // Build once to find the op's node, its dtype, and whether a rule applies.
+        let graph = Graph::new(&cpu);
+        let xs: Vec<Tensor<'_>> = case
+            .inputs
+            .iter()
+            .map(|i| graph.variable_from_host(HostData::F64(i.values.clone()), &i.dims))
+            .collect::<Result<_>>()?;
+        let out = (case.build)(&graph, &xs)?;
+        let node = find_node(&graph, out, name).unwrap_or(out);
+        let leaf = matches!(kind, Op::Input | Op::Param(_));
+        let kernels = devices
+            .iter()
+            .map(|d| {
+                if leaf {
+                    None
+                } else {
+                    let dtype = if node.dtype() == DType::F64 { DType::F32 } else { node.dtype() };
+                    let dtype = if d.name().starts_with("cpu") { node.dtype() } else { dtype };
+                    Some(d.backend().supports(&node.op(), dtype))
+                }
+            })
+            .collect();
+        let op = if leaf { kind } else { node.op() };
+        let rule = match not_differentiable_reason(&op) {
+            Some(reason) => Err(reason.to_string()),
+            None => Ok(()),
+        };
+        let differentiable = !leaf && rule.is_ok() && out.dtype().is_float();
+        let (first_order, second_order) = if differentiable {
+            let first = gradcheck(&cpu, case.build, &case.inputs, options).await?;
+            let second = gradgradcheck(&cpu, case.build, &case.inputs, options).await?;
+            (Some(first.worst_ratio), Some(second.worst_ratio))
+        } else {
+            (None, None)
+        };
+        rows.push(OpCoverage { name, kernels, rule, first_order, second_order });
+    }
+    Ok(rows)
+}
+
+/// The first node named `name` at or below `out` (the case's op itself).
+fn find_node<'g>(graph: &'g Graph, out: Tensor<'g>, name: &str) -> Option<Tensor<'g>> {
+    (0..=out.id()).map(|id| graph.tensor(id)).find(|t| t.op().name() == name)
+}
+
+/// The report as a Markdown table.
+pub fn markdown(rows: &[OpCoverage], device_names: &[String]) -> String {
+    let mut s = String::from("| op |");
+    for d in device_names {
+        s.push_str(&format!(" kernel: {d} |"));
+    }
+    s.push_str(" gradient rule | 1st-order check | 2nd-order check |\n|---|");
+    for _ in device_names {
+        s.push_str("---|");
+    }
+    s.push_str("---|---|---|\n");
+    let check = |r: Option<f64>| match r {
+        None => "n/a".to_string(),
+        Some(v) if v <= 1.0 => format!("pass ({v:.1e})"),
+        Some(v) => format!("**FAIL** ({v:.1e})"),
+    };
+    for row in rows {
+        s.push_str(&format!("| {} |", row.name));
+        for k in &row.kernels {
+            s.push_str(match k {
+                None => " leaf |",
+                Some(true) => " yes |",
+                Some(false) => " **no** |",
+            });
+        }
+        let rule = match &row.rule {
+            Ok(()) => "yes".to_string(),
+            Err(why) => format!("not differentiable: {why}"),
+        };
+        s.push_str(&format!(" {rule} | {} | {} |\n", check(row.first_order), check(row.second_order)));
+    }
+    s
+}
+
+/// True when a row is complete: kernels everywhere, and a passing rule or a
+/// declared reason.
+pub fn row_is_complete(row: &OpCoverage) -> bool {
+    row.kernels.iter().all(|k| k != &Some(false))
+        && match &row.rule {
+            Ok(()) => row.first_order.is_some_and(|r| r <= 1.0) && row.second_order.is_some_and(|r| r <= 1.0),
+            Err(_) => true,
+        }
+}
