@@ -329,12 +329,10 @@ impl Backend for WgpuBackend {
             | Op::Concat { .. }
             | Op::IndexSelect { .. } => true,
             Op::ScatterAdd { .. } => num,
-            Op::Im2Col(_)
-            | Op::Col2Im { .. }
-            | Op::MaxPool2d(_)
-            | Op::MaxPool2dBackward(_)
-            | Op::RandUniform { .. }
-            | Op::RandNormal { .. } => false,
+            Op::Im2Col(_) | Op::Col2Im { .. } => num,
+            Op::MaxPool2d(_) | Op::MaxPool2dBackward(_) | Op::RandUniform { .. } | Op::RandNormal { .. } => {
+                ty == Ty::F32
+            }
         }
     }
 }

@@ -21,9 +21,12 @@ pub const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 pub const MOVEMENT: &str = include_str!("shaders/movement.wgsl");
 pub const INDEX: &str = include_str!("shaders/index.wgsl");
 pub const UPDATE: &str = include_str!("shaders/update.wgsl");
+pub const WINDOW: &str = include_str!("shaders/window.wgsl");
+pub const POOL: &str = include_str!("shaders/pool.wgsl");
+pub const RANDOM: &str = include_str!("shaders/random.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 11] = [
+pub const FILES: [(&str, &str); 14] = [
     ("common.wgsl", COMMON),
     ("fill.wgsl", FILL),
     ("unary.wgsl", UNARY),
@@ -35,6 +38,9 @@ pub const FILES: [(&str, &str); 11] = [
     ("movement.wgsl", MOVEMENT),
     ("index.wgsl", INDEX),
     ("update.wgsl", UPDATE),
+    ("window.wgsl", WINDOW),
+    ("pool.wgsl", POOL),
+    ("random.wgsl", RANDOM),
 ];
 
 /// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
@@ -93,6 +99,12 @@ pub enum Kernel {
     /// index.wgsl with the given element type.
     Index(Ty),
     Update,
+    /// window.wgsl (Im2Col, Col2Im) with the given element type (f32, i32).
+    Window(Ty),
+    /// pool.wgsl (MaxPool2d and its adjoint, f32).
+    Pool,
+    /// random.wgsl (RandUniform, RandNormal, f32).
+    Random,
 }
 
 impl Kernel {
@@ -102,6 +114,9 @@ impl Kernel {
             Kernel::Reduce(..) => &["serial", "tree"],
             Kernel::Index(_) => &["check", "gather", "scatter"],
             Kernel::Update => &["sgd", "sgd_momentum", "adam"],
+            Kernel::Window(_) => &["im2col", "col2im"],
+            Kernel::Pool => &["forward", "backward"],
+            Kernel::Random => &["uniform", "normal"],
             _ => &["main"],
         }
     }
@@ -139,6 +154,10 @@ impl Kernel {
             Kernel::Copy => MOVEMENT.to_string(),
             Kernel::Index(t) => fill(INDEX, &[("{T}", t.wgsl())]),
             Kernel::Update => UPDATE.to_string(),
+            Kernel::Window(Ty::U32) => return None, // the CPU has no bool Im2Col either
+            Kernel::Window(t) => fill(WINDOW, &[("{T}", t.wgsl())]),
+            Kernel::Pool => POOL.to_string(),
+            Kernel::Random => RANDOM.to_string(),
         };
         Some(format!("{COMMON}\n{body}"))
     }
@@ -272,8 +291,9 @@ fn reduce(op: ReduceOp, t: Ty) -> Option<String> {
 
 /// Every variant the backend can generate.
 pub fn all_kernels() -> Vec<Kernel> {
-    let mut v = vec![Kernel::MatMul, Kernel::Copy, Kernel::Update];
+    let mut v = vec![Kernel::MatMul, Kernel::Copy, Kernel::Update, Kernel::Pool, Kernel::Random];
     for t in Ty::ALL {
+        v.push(Kernel::Window(t));
         v.push(Kernel::Fill(t));
         v.push(Kernel::Where(t));
         v.push(Kernel::Index(t));
@@ -343,8 +363,9 @@ mod tests {
     fn every_generated_variant_parses_and_validates() {
         let kernels = all_kernels();
         // fill, where, index x 3 types; 9 casts; 14 + 4 unary; 18 compares;
-        // 7 + 5 binary; 6 + 6 + 2 reductions; matmul, copy, update.
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 18 + 12 + 18 + 14 + 3, "{kernels:?}");
+        // 7 + 5 binary; 6 + 6 + 2 reductions; matmul, copy, update; window
+        // x 2 types (f32, i32); pool, random.
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 18 + 12 + 18 + 14 + 3 + 2 + 2, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             let code: String = src.lines().filter(|l| !l.trim_start().starts_with("//")).collect();

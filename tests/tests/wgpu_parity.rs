@@ -9,13 +9,16 @@
 //! - exact (0): creation, movement, indexing, comparisons, Where, casts,
 //!   integer arithmetic, Neg/Abs/Relu/Sign, Maximum/Minimum, Max/Min/ArgMax/
 //!   ArgMin reductions, ScatterAdd (summed in the CPU's order) — these move
-//!   or select values, or are exact in any order;
+//!   or select values, or are exact in any order; Im2Col, MaxPool2d, and
+//!   Col2Im and MaxPool2dBackward (gathers that add in the CPU's order);
+//!   RandUniform (the same 32-bit hash, an exact 24-bit scaling);
 //! - ARITH (1e-6, ~8 ulps): Add/Sub/Mul/Div/Recip/Sqrt — Vulkan allows
 //!   division and sqrt a couple of ulps (2.5 ulp for 1/x);
 //! - TRANSCENDENTAL (2e-5): Exp, Log, Tanh, Sigmoid, Erf, Erfc, Pow — GPU
 //!   builtins (exp, log, pow) are not correctly rounded (Vulkan: exp within
 //!   3 + 2|x| ulps, pow through exp2/log2), and erf/erfc/tanh/sigmoid build
-//!   on exp;
+//!   on exp; RandNormal (f32 Box–Muller with the kernel's own ln and cos,
+//!   measured within 4 ulps / 3.3e-7 of the CPU on lavapipe);
 //! - TRIG (5e-4 absolute): Sin, Cos — Vulkan only bounds their error by
 //!   2^-11 absolute on [-pi, pi];
 //! - SUMS (2e-5): Sum/Prod reductions and MatMul — the GPU sums in a
@@ -26,7 +29,7 @@ mod common;
 
 use kiln::prelude::*;
 use kiln::rng::SplitMix64;
-use kiln::{BinaryOp, CompareOp, ErrorKind, ReduceOp, UnaryOp};
+use kiln::{BinaryOp, CompareOp, ErrorKind, Op, ReduceOp, UnaryOp, Window2d};
 use kiln_wgsl::WgpuOptions;
 
 const EXACT: f64 = 0.0;
@@ -569,4 +572,206 @@ fn mlp_training_on_wgpu_repeats_bit_for_bit() {
     assert!(a[24] < a[0] * 0.8, "the loss does not fall: {a:?}");
     let cpu = train(&Device::cpu(), 25);
     compare("losses vs cpu", &HostData::F64(a), &HostData::F64(cpu), 1e-3);
+}
+
+/// A window over (height, width) with symmetric padding per axis.
+fn window(kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2]) -> Window2d {
+    Window2d::new(kernel, stride, padding, dilation).unwrap()
+}
+
+/// Windows exercising stride, padding and dilation (asymmetric kernels, a
+/// stride past the kernel, padding larger than a dilated step).
+fn windows() -> Vec<Window2d> {
+    vec![
+        window([2, 3], [2, 1], [1, 0], [1, 2]),
+        window([3, 3], [1, 1], [1, 1], [1, 1]),
+        window([1, 2], [3, 2], [2, 1], [1, 1]),
+        window([3, 2], [2, 3], [2, 1], [2, 1]),
+    ]
+}
+
+#[test]
+fn im2col_and_col2im_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    let x = rand(2 * 3 * 5 * 7, 70, -1.0, 1.0);
+    let ints: Vec<i32> = (0..2 * 3 * 5 * 7).map(|i| i * 7 % 23 - 11).collect();
+    // Col2Im sums in the CPU's order (a gather over (i, j) ascending): exact.
+    forward(&wg, "im2col/col2im", EXACT, |g| {
+        let mut outs = vec![];
+        for w in windows() {
+            for t in [g.tensor_from(&x, &[2, 3, 5, 7])?, g.tensor_from(&ints, &[2, 3, 5, 7])?] {
+                let cols = t.im2col(w)?;
+                outs.push(cols);
+                outs.push(cols.col2im([5, 7], w)?);
+            }
+            // Independent column values (no structure shared with an image).
+            let [oh, ow] = w.output_size([5, 7]).unwrap();
+            let k = w.kernel_elements();
+            let cols = g.tensor_from(&rand(2 * 3 * k * oh * ow, 71, -1.0, 1.0), &[2, 3 * k, oh * ow])?;
+            outs.push(cols.col2im([5, 7], w)?);
+        }
+        Ok(outs)
+    });
+    // Gradients: Im2Col's is Col2Im and vice versa (sums of r's: exact).
+    forward(&wg, "im2col/col2im gradients", EXACT, |g| {
+        let mut outs = vec![];
+        for w in windows() {
+            let v = g.variable(&x, &[2, 3, 5, 7])?;
+            let cols = v.im2col(w)?;
+            let r = g.tensor_from(&rand(cols.numel(), 72, -1.0, 1.0), &cols.dims())?;
+            outs.extend(g.grad(cols.mul(r)?.sum_all()?, &[v], None)?);
+            let c = g.variable(&rand(cols.numel(), 73, -1.0, 1.0), &cols.dims())?;
+            let img = c.col2im([5, 7], w)?;
+            let r = g.tensor_from(&rand(img.numel(), 74, -1.0, 1.0), &img.dims())?;
+            outs.extend(g.grad(img.mul(r)?.sum_all()?, &[c], None)?);
+        }
+        Ok(outs)
+    });
+    backward(&wg, "im2col/col2im chained", ARITH, |g| {
+        let w = windows()[0];
+        let v = g.variable(&x, &[2, 3, 5, 7])?;
+        let cols = v.im2col(w)?;
+        Ok((vec![cols.square()?.col2im([5, 7], w)?, cols.sum(&[1], false)?], vec![v]))
+    });
+}
+
+/// Values on a coarse grid (many ties within a window), with NaNs at
+/// `nans` positions.
+fn pool_input(n: usize, seed: u64, nans: &[usize]) -> Vec<f32> {
+    let mut v: Vec<f32> = rand(n, seed, -2.0, 2.0).iter().map(|x| x.round()).collect();
+    for &i in nans {
+        v[i] = f32::NAN;
+    }
+    v
+}
+
+/// (kernel, stride, padding, dilation, ceil_mode) of the pooling cases.
+type Pool = ([usize; 2], [usize; 2], [usize; 2], [usize; 2], bool);
+
+fn pools() -> Vec<Pool> {
+    vec![
+        ([2, 2], [2, 2], [0, 0], [1, 1], false),
+        ([2, 2], [2, 2], [0, 0], [1, 1], true),
+        ([3, 2], [2, 2], [1, 1], [1, 1], true),
+        ([3, 3], [2, 1], [1, 0], [1, 2], false),
+        ([2, 3], [1, 2], [1, 1], [2, 1], true),
+        ([3, 3], [3, 3], [1, 1], [1, 1], true),
+    ]
+}
+
+#[test]
+fn max_pool2d_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    let dims = [2, 2, 7, 6];
+    let n = 2 * 2 * 7 * 6;
+    let ties = pool_input(n, 80, &[]);
+    let with_nan = pool_input(n, 81, &[0, 9, 13, 14, 100, 101, 130, n - 1]);
+    let smooth = rand(n, 82, -1.0, 1.0);
+    // Selection (the first maximum, padding never, NaN always): exact.
+    forward(&wg, "max_pool2d", EXACT, |g| {
+        let mut outs = vec![];
+        for (k, s, p, d, ceil) in pools() {
+            for x in [&ties, &with_nan, &smooth] {
+                outs.push(g.tensor_from(x, &dims)?.max_pool2d(k, s, p, d, ceil)?);
+            }
+        }
+        Ok(outs)
+    });
+    // An explicit window with end padding wider than the kernel: windows
+    // holding no pixel give -inf, and their gradient goes nowhere.
+    let wide = Window2d { pad_end: [3, 4], ..window([2, 2], [2, 2], [0, 0], [1, 1]) };
+    forward(&wg, "max_pool2d_window, empty windows", EXACT, |g| {
+        let v = g.variable(&smooth, &dims)?;
+        let y = v.max_pool2d_window(wide)?;
+        let r = g.tensor_from(&rand(y.numel(), 87, -1.0, 1.0), &y.dims())?;
+        let mut outs = vec![y];
+        outs.extend(g.grad(y.mul(r)?.sum_all()?, &[v], None)?);
+        Ok(outs)
+    });
+    // MaxPool2dBackward directly (NaN inputs included) and as the gradient:
+    // each pixel gathers its windows' g in the CPU's order, so exact.
+    forward(&wg, "max_pool2d_backward", EXACT, |g| {
+        let mut outs = vec![];
+        for (k, s, p, d, ceil) in pools() {
+            for x in [&ties, &with_nan, &smooth] {
+                let v = g.variable(x, &dims)?;
+                let y = v.max_pool2d(k, s, p, d, ceil)?;
+                let r = g.tensor_from(&rand(y.numel(), 83, -1.0, 1.0), &y.dims())?;
+                outs.extend(g.grad(y.mul(r)?.sum_all()?, &[v], None)?);
+            }
+        }
+        Ok(outs)
+    });
+    // Through the gradient of MaxPool2dBackward in its g argument (composed
+    // from Im2Col, ArgMax and a one-hot mask) and a true second derivative.
+    backward(&wg, "max_pool2d_backward gradient", EXACT, |g| {
+        let mut outs = vec![];
+        let mut leaves = vec![];
+        for (k, s, p, d, ceil) in pools() {
+            let x = g.variable(&ties, &dims)?;
+            let y = x.max_pool2d(k, s, p, d, ceil)?;
+            let gy = g.variable(&rand(y.numel(), 84, -1.0, 1.0), &y.dims())?;
+            // The window max_pool2d made (ceil mode widens its end padding).
+            let Op::MaxPool2d(w) = y.op() else { unreachable!("{y:?}") };
+            outs.push(x.max_pool2d_backward(gy, w)?);
+            leaves.push(gy);
+        }
+        for (k, s, p, d, ceil) in pools() {
+            // d/dx sum(maxpool(x)^2 * r): MaxPool2dBackward(x, 2 y r), whose
+            // g depends on x again.
+            let x = g.variable(&smooth, &dims)?;
+            let y = x.max_pool2d(k, s, p, d, ceil)?;
+            let r = g.tensor_from(&rand(y.numel(), 85, -1.0, 1.0), &y.dims())?;
+            outs.extend(g.grad(y.square()?.mul(r)?.sum_all()?, &[x], None)?);
+            leaves.push(x);
+        }
+        Ok((outs, leaves))
+    });
+}
+
+#[test]
+fn random_uniform_and_normal() {
+    let Some(wg) = wgpu_device() else { return };
+    // The same 32-bit hash on both sides, and an exact 24-bit scaling.
+    forward(&wg, "rand_uniform", EXACT, |g| {
+        Ok(vec![
+            g.rand_uniform(&[3, 1000], 42, DType::F32)?,
+            g.rand_uniform(&[7], 0, DType::F32)?,
+            g.rand_uniform(&[2, 3, 4], (1 << 40) | 7, DType::F32)?,
+            g.rand_uniform(&[0], 1, DType::F32)?,
+        ])
+    });
+    // Box–Muller in f32 with the kernel's own ln and cos (within a few ulps
+    // of the CPU's libm): TRANSCENDENTAL. 2^17 values reach u1 = 1 - 2^-24
+    // territory (tiny radii) and radii up to ~5.
+    forward(&wg, "rand_normal", TRANSCENDENTAL, |g| {
+        Ok(vec![g.rand_normal(&[1 << 17], 7, DType::F32)?, g.rand_normal(&[5, 5], u64::MAX, DType::F32)?])
+    });
+    // Dropout-style use inside a differentiated graph.
+    backward(&wg, "dropout mask", EXACT, |g| {
+        let x = g.variable(&rand(40, 86, -1.0, 1.0), &[4, 10])?;
+        let keep = g.rand_uniform(&[4, 10], 9, DType::F32)?.gt(0.3)?.cast(DType::F32)?;
+        Ok((vec![x.mul(keep)?.mul(1.0 / 0.7)?], vec![x]))
+    });
+    // f64 is refused on wgpu; i32 is not a random dtype anywhere.
+    let g = Graph::new(&wg);
+    assert!(g.rand_uniform(&[2], 1, DType::F64).and_then(|t| t.to_vec_blocking::<f64>()).is_err());
+}
+
+#[test]
+fn random_past_65535_workgroups() {
+    let Some(wg) = wgpu_device() else { return };
+    // One workgroup more than a single grid dimension holds on most adapters
+    // (65,535 x 256 threads): the launch folds into a 2-D grid.
+    let n = 65_535 * 256 + 1;
+    let bits = |device: &Device| {
+        let g = Graph::new(device);
+        let v = g.rand_uniform(&[n], 5, DType::F32).unwrap().to_vec_blocking::<f32>().unwrap();
+        v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    let (want, got) = (bits(&Device::cpu()), bits(&wg));
+    assert_eq!(got.len(), n);
+    if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+        panic!("rand_uniform element {i}: wgpu {:#x}, cpu {:#x}", got[i], want[i]);
+    }
 }

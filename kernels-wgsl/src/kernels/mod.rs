@@ -6,8 +6,11 @@ pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod matmul;
 pub(crate) mod movement;
+pub(crate) mod pool;
+pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod update;
+pub(crate) mod window;
 
 use kiln_core::backend::{KernelCall, TensorRef};
 use kiln_core::op::Op;
@@ -44,15 +47,12 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
         Op::Concat { axis } => movement::concat(be, axis as usize, ins, out),
         Op::IndexSelect { axis } => index::index_select(be, axis as usize, arity::<2>(name, ins)?, out),
         Op::ScatterAdd { axis } => index::scatter_add(be, axis as usize, arity::<3>(name, ins)?, out),
-        Op::Im2Col(_)
-        | Op::Col2Im { .. }
-        | Op::MaxPool2d(_)
-        | Op::MaxPool2dBackward(_)
-        | Op::RandUniform { .. }
-        | Op::RandNormal { .. } => Err(Error::unsupported(
-            name,
-            "this op has no WGSL kernel yet; run it on Device::cpu()",
-        )),
+        Op::Im2Col(w) => window::im2col(be, &w, arity::<1>(name, ins)?, out),
+        Op::Col2Im { window: w, image } => window::col2im(be, &w, image, arity::<1>(name, ins)?, out),
+        Op::MaxPool2d(w) => pool::max_pool2d(be, &w, arity::<1>(name, ins)?, out),
+        Op::MaxPool2dBackward(w) => pool::max_pool2d_backward(be, &w, arity::<2>(name, ins)?, out),
+        Op::RandUniform { seed } => random::random(be, name, "uniform", seed, out),
+        Op::RandNormal { seed } => random::random(be, name, "normal", seed, out),
     }
 }
 

@@ -1,0 +1,73 @@
+//! Launches pool.wgsl: MaxPool2d and MaxPool2dBackward (f32), with the CPU
+//! backend's shape checks.
+
+use kiln_core::backend::TensorRef;
+use kiln_core::op::Window2d;
+use kiln_core::shape::fmt_dims;
+use kiln_core::{DType, Error, Result};
+
+use super::unsupported_dtype;
+use super::window::{geometry, output_size};
+use crate::shaders::Kernel;
+use crate::{Arg, WgpuBackend};
+
+fn mismatch(op: &'static str, dims: &[usize], out: &[usize]) -> Error {
+    Error::shape(op, format!("input {} does not give output {}", fmt_dims(dims), fmt_dims(out)))
+}
+
+pub(crate) fn max_pool2d(
+    be: &WgpuBackend,
+    window: &Window2d,
+    [x]: &[TensorRef<'_>; 1],
+    out: &TensorRef<'_>,
+) -> Result<()> {
+    const OP: &str = "MaxPool2d";
+    let d = x.dims;
+    if d.len() != 4 || x.dtype != out.dtype {
+        return Err(mismatch(OP, d, out.dims));
+    }
+    if x.dtype != DType::F32 {
+        return Err(unsupported_dtype(OP, x.dtype));
+    }
+    let [oh, ow] = output_size(OP, window, d[2], d[3])?;
+    if out.dims != [d[0], d[1], oh, ow] {
+        return Err(mismatch(OP, d, out.dims));
+    }
+    let n = out.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let mut params = geometry(OP, window, n, x.numel(), [d[2], d[3]], [oh, ow])?;
+    // A window holding no pixel (possible with explicit asymmetric padding).
+    params.push(f32::NEG_INFINITY.to_bits());
+    let args = [(1, Arg::input(x)), (3, Arg::output(out))];
+    be.launch(OP, Kernel::Pool, "forward", &args, &params, be.grid_for(OP, n)?)
+}
+
+pub(crate) fn max_pool2d_backward(
+    be: &WgpuBackend,
+    window: &Window2d,
+    [x, grad]: &[TensorRef<'_>; 2],
+    out: &TensorRef<'_>,
+) -> Result<()> {
+    const OP: &str = "MaxPool2dBackward";
+    let d = x.dims;
+    if d.len() != 4 || x.dtype != out.dtype || grad.dtype != out.dtype || out.dims != d {
+        return Err(mismatch(OP, d, out.dims));
+    }
+    if x.dtype != DType::F32 {
+        return Err(unsupported_dtype(OP, x.dtype));
+    }
+    let [oh, ow] = output_size(OP, window, d[2], d[3])?;
+    if grad.dims != [d[0], d[1], oh, ow] {
+        return Err(mismatch(OP, grad.dims, out.dims));
+    }
+    let n = out.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let mut params = geometry(OP, window, n, n.max(grad.numel()), [d[2], d[3]], [oh, ow])?;
+    params.push(f32::NEG_INFINITY.to_bits());
+    let args = [(1, Arg::input(x)), (2, Arg::input(grad)), (3, Arg::output(out))];
+    be.launch(OP, Kernel::Pool, "backward", &args, &params, be.grid_for(OP, n)?)
+}

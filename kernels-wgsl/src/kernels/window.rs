@@ -1,0 +1,103 @@
+//! Launches window.wgsl: Im2Col and Col2Im (f32, i32), with the CPU
+//! backend's shape checks. The window geometry block is shared with
+//! pool.wgsl (`geometry`).
+
+use kiln_core::backend::TensorRef;
+use kiln_core::op::Window2d;
+use kiln_core::shape::fmt_dims;
+use kiln_core::{Error, Result};
+
+use super::{ty, unsupported_dtype};
+use crate::geometry::word;
+use crate::shaders::{Kernel, Ty};
+use crate::{Arg, WgpuBackend};
+
+/// Window positions (oh, ow) of `window` over an (h, w) image.
+pub(crate) fn output_size(op: &'static str, window: &Window2d, h: usize, w: usize) -> Result<[usize; 2]> {
+    window
+        .output_size([h, w])
+        .ok_or_else(|| Error::shape(op, format!("window {window:?} does not fit a {h}x{w} image")))
+}
+
+/// The geometry block of window.wgsl and pool.wgsl (p[0] = `n`, then
+/// p[1..13]); checks that the kernels' u32 index arithmetic cannot wrap:
+/// every position in the padded image and every element index fits.
+pub(crate) fn geometry(
+    op: &'static str,
+    window: &Window2d,
+    n: usize,
+    largest: usize,
+    [h, w]: [usize; 2],
+    [oh, ow]: [usize; 2],
+) -> Result<Vec<u32>> {
+    for a in 0..2 {
+        let image = [h, w][a];
+        word(op, image + window.pad_begin[a] as usize + window.pad_end[a] as usize)?;
+    }
+    word(op, largest)?;
+    let mut p = vec![word(op, n)?, word(op, h)?, word(op, w)?, word(op, oh)?, word(op, ow)?];
+    p.extend(window.kernel);
+    p.extend(window.stride);
+    p.extend(window.dilation);
+    p.extend(window.pad_begin);
+    Ok(p)
+}
+
+fn mismatch(op: &'static str, dims: &[usize], out: &[usize]) -> Error {
+    Error::shape(op, format!("input {} does not give output {}", fmt_dims(dims), fmt_dims(out)))
+}
+
+/// The storage type of an Im2Col/Col2Im operand: f32 or i32 (the CPU's
+/// numeric types less f64, which is refused before any kernel runs).
+fn window_ty(op: &'static str, x: &TensorRef<'_>) -> Result<Ty> {
+    match ty(x.dtype) {
+        Ty::U32 => Err(unsupported_dtype(op, x.dtype)),
+        t => Ok(t),
+    }
+}
+
+pub(crate) fn im2col(be: &WgpuBackend, window: &Window2d, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
+    const OP: &str = "Im2Col";
+    let d = x.dims;
+    if d.len() != 4 || out.dims.len() != 3 || x.dtype != out.dtype {
+        return Err(mismatch(OP, d, out.dims));
+    }
+    let t = window_ty(OP, x)?;
+    let [oh, ow] = output_size(OP, window, d[2], d[3])?;
+    if out.dims != [d[0], d[1] * window.kernel_elements(), oh * ow] {
+        return Err(mismatch(OP, d, out.dims));
+    }
+    let n = out.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let params = geometry(OP, window, n, x.numel(), [d[2], d[3]], [oh, ow])?;
+    let args = [(1, Arg::input(x)), (2, Arg::output(out))];
+    be.launch(OP, Kernel::Window(t), "im2col", &args, &params, be.grid_for(OP, n)?)
+}
+
+pub(crate) fn col2im(
+    be: &WgpuBackend,
+    window: &Window2d,
+    image: [u32; 2],
+    [cols]: &[TensorRef<'_>; 1],
+    out: &TensorRef<'_>,
+) -> Result<()> {
+    const OP: &str = "Col2Im";
+    let d = cols.dims;
+    let (h, w) = (image[0] as usize, image[1] as usize);
+    let [oh, ow] = output_size(OP, window, h, w)?;
+    let k = window.kernel_elements();
+    let ok = d.len() == 3 && d[1] % k == 0 && d[2] == oh * ow && cols.dtype == out.dtype;
+    if !ok || out.dims != [d[0], d[1] / k, h, w] {
+        return Err(mismatch(OP, d, out.dims));
+    }
+    let t = window_ty(OP, cols)?;
+    let n = out.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let params = geometry(OP, window, n, cols.numel(), [h, w], [oh, ow])?;
+    let args = [(1, Arg::input(cols)), (2, Arg::output(out))];
+    be.launch(OP, Kernel::Window(t), "col2im", &args, &params, be.grid_for(OP, n)?)
+}

@@ -1,0 +1,114 @@
+// random.wgsl — RandUniform and RandNormal (f32): element i is a pure
+// function of (seed, i), the generator of kiln_core::random ported bit for
+// bit (32-bit integer operations only; u32 arithmetic wraps in WGSL as
+// `wrapping_*` does in Rust).
+//
+// Bindings: 0 params, 1 out: array<f32> (read_write).
+// Params: p[0] n, p[1] key 0, p[2] key 1 (`seed_keys(seed)`, computed on the
+// host since WGSL has no 64-bit integers).
+// Workgroup: 256 threads, one element each. Launch: ceil(n / 256) workgroups
+// folded into a 2-D grid.
+//
+// Entry points:
+// - `uniform`: (bits(i) >> 8) · 2^-24 — exact, so bit-identical to the CPU.
+// - `normal`: Box–Muller as the CPU's f32 path: u1 = 1 - uniform(2i),
+//   u2 = uniform(2i + 1), sqrt(-2 ln u1) · cos(2π u2), all in f32. ln and cos
+//   are computed here (musl's logf; a Cody–Waite reduction and Cephes'
+//   sinf/cosf polynomials) rather than by the builtins, whose Vulkan bounds
+//   are loose (log: 2^-21 absolute near 1, where -2 ln u1 could even come
+//   out negative; cos: 2^-11 absolute, and only on [-π, π]): within a few
+//   ulps of the CPU's libm on every driver.
+
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+
+// lowbias32 (kiln_core::random::hash32).
+fn hash32(v: u32) -> u32 {
+    var x = v;
+    x ^= x >> 16u;
+    x *= 0x7feb352du;
+    x ^= x >> 15u;
+    x *= 0x846ca68bu;
+    x ^= x >> 16u;
+    return x;
+}
+
+// kiln_core::random::bits with the keys p[1], p[2].
+fn bits(i: u32) -> u32 {
+    return hash32((hash32(i ^ p[1]) + p[2]) ^ 0x2c1b3c6du);
+}
+
+fn uniform01(i: u32) -> f32 {
+    // 24 bits, exact in f32; the factor is 2^-24.
+    return f32(bits(i) >> 8u) * 5.9604644775390625e-8;
+}
+
+// Natural logarithm of a positive normal f32 (musl's logf, < 1 ulp).
+fn ln_f32(v: f32) -> f32 {
+    var ix = bitcast<u32>(v);
+    // Reduce to x in [sqrt(2)/2, sqrt(2)) times 2^k.
+    ix += 0x3f800000u - 0x3f3504f3u;
+    let k = i32(ix >> 23u) - 0x7f;
+    ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+    let f = bitcast<f32>(ix) - 1.0;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let w = z * z;
+    let t1 = w * (0.40000972151756287 + w * 0.24279078841209412);
+    let t2 = z * (0.66666662693023682 + w * 0.28498786687850952);
+    let r = t2 + t1;
+    let hfsq = 0.5 * f * f;
+    let dk = f32(k);
+    // ln 2 split in a head with few bits (dk · head is exact) and a tail.
+    return s * (hfsq + r) + dk * 9.0580006144591607e-6 - hfsq + f + dk * 0.69313812255859375;
+}
+
+// cos of t in [0, 2π] (here 2π · u2): Cody–Waite reduction by π/2 (the
+// quotient q <= 4, so q times each head is exact), then Cephes' sinf/cosf
+// polynomials on [-π/4, π/4].
+fn cos_f32(t: f32) -> f32 {
+    let q = round(t * 0.63661977236758134);
+    var r = t - q * 1.5703125;
+    r = r - q * 4.837512969970703125e-4;
+    r = r - q * 7.54978995489188216e-8;
+    let z = r * r;
+    let c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
+    let s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r;
+    switch (u32(q) & 3u) {
+        case 0u: {
+            return c;
+        }
+        case 1u: {
+            return -s;
+        }
+        case 2u: {
+            return -c;
+        }
+        default: {
+            return s;
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn uniform(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wid, nwg, lid);
+    if (i >= p[0]) {
+        return;
+    }
+    out[i] = uniform01(i);
+}
+
+@compute @workgroup_size(256)
+fn normal(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wid, nwg, lid);
+    if (i >= p[0]) {
+        return;
+    }
+    // u1 in (0, 1] (exact: 1 - k·2^-24), u2 in [0, 1).
+    let u1 = 1.0 - uniform01(2u * i);
+    let u2 = uniform01(2u * i + 1u);
+    // 2π as the CPU's f32 TAU (0x40c90fdb).
+    out[i] = sqrt(-2.0 * ln_f32(u1)) * cos_f32(6.2831854820251465 * u2);
+}
