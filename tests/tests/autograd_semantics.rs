@@ -629,3 +629,22 @@ fn maximum_and_minimum_ties_send_the_whole_gradient_to_the_first_operand() {
     assert_eq!(grad_of(&b), vec![1.0]);
     assert_eq!(grad_of(&a), vec![0.0]);
 }
+
+/// A pooling window whose real pixels are all -inf ties with its padding;
+/// the kernels send the gradient to the first real pixel, and the adjoint
+/// rule of MaxPool2dBackward must pick the same one.
+#[test]
+fn max_pool_gather_picks_the_first_real_pixel_when_everything_is_minus_infinity() {
+    use kiln::Window2d;
+    let device = Device::cpu();
+    let graph = Graph::new(&device);
+    let window = Window2d::new([2, 2], [2, 2], [1, 1], [1, 1]).unwrap();
+    let x = graph.tensor_from(&[f64::NEG_INFINITY; 4], &[1, 1, 2, 2]).unwrap();
+    // The pooled shape is 2x2: one window per pixel, each holding one real pixel.
+    let g = graph.variable(&[1.0f64, 1.0, 1.0, 1.0], &[1, 1, 2, 2]).unwrap();
+    let routed = x.max_pool2d_backward(g, window).unwrap();
+    let probe = graph.tensor_from(&[10.0f64, 20.0, 30.0, 40.0], &[1, 1, 2, 2]).unwrap();
+    let dot = routed.mul(probe).unwrap().sum_all().unwrap();
+    let grads = graph.grad(dot, &[g], None).unwrap();
+    assert_eq!(grads[0].to_vec_blocking::<f64>().unwrap(), vec![10.0, 20.0, 30.0, 40.0]);
+}

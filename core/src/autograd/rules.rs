@@ -278,7 +278,11 @@ fn max_pool_gather<'g>(x: Tensor<'g>, g: Tensor<'g>, window: Window2d) -> Result
     // Padding must never be the maximum: mask it to -inf.
     let inside = columns(graph.ones(&d, x.dtype())?)?.gt(0.5)?;
     let candidates = inside.where_(columns(x)?, f64::NEG_INFINITY)?;
-    let first_max = candidates.argmax(&[2], true)?;
+    // A window whose real pixels are all -inf ties with its padding: the
+    // kernels then pick the first real pixel, so do the same here.
+    let first_real = inside.cast(DType::I32)?.argmax(&[2], true)?;
+    let all_minus_infinity = candidates.max(&[2], true)?.eq(f64::NEG_INFINITY)?;
+    let first_max = all_minus_infinity.where_(first_real, candidates.argmax(&[2], true)?)?;
     let positions = graph.arange(0.0, 1.0, k, DType::I32)?.reshape_to(&[1, 1, k, 1])?;
     let pick = positions.eq(first_max)?.cast(g.dtype())?;
     columns(g)?.mul(pick)?.sum(&[2], false)?.reshape_to(&[n, c, oh, ow])
