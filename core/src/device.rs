@@ -17,6 +17,8 @@ use crate::error::Result;
 pub struct Device(Rc<DeviceShared>);
 
 struct DeviceShared {
+    /// Distinguishes devices with the same backend in messages.
+    id: u64,
     backend: Box<dyn Backend>,
     pool: RefCell<BufferPool>,
 }
@@ -74,7 +76,9 @@ impl Device {
     }
 
     pub fn from_backend(backend: impl Backend + 'static) -> Device {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Device(Rc::new(DeviceShared {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             backend: Box::new(backend),
             pool: RefCell::new(BufferPool { free: vec![Vec::new(); DTYPES * BUCKETS], stats: PoolStats::default() }),
         }))
@@ -86,6 +90,11 @@ impl Device {
 
     pub fn name(&self) -> String {
         self.0.backend.name()
+    }
+
+    /// A number unique to this device in this process.
+    pub fn id(&self) -> u64 {
+        self.0.id
     }
 
     /// Whether two handles refer to the same device.

@@ -315,9 +315,12 @@ impl Graph {
             return Err(Error::invalid(
                 "Param",
                 format!(
-                    "parameter '{}' lives on {} but this graph runs on {}",
+                    "parameter '{}' lives on device #{} ({}) but this graph runs on device #{} ({}); \
+                     build the graph with Graph::new(param.device())",
                     param.name(),
+                    param.device().id(),
                     param.device().name(),
+                    self.device.id(),
                     self.device.name()
                 ),
             ));
