@@ -96,8 +96,9 @@ extern "C" {
 /// round(1797 × testFraction) samples (default 0.2) form the test set.
 /// Pixels are the dataset's 0–16 counts divided by 16.
 #[wasm_bindgen(js_name = loadDigits)]
-pub fn load_digits(test_fraction: Option<f64>, seed: Option<f64>) -> Res<DigitsSplit> {
-    let (train, test) = load_digits_native(test_fraction, seed)?;
+#[allow(non_snake_case)]
+pub fn load_digits(testFraction: Option<f64>, seed: Option<f64>) -> Res<DigitsSplit> {
+    let (train, test) = load_digits_native(testFraction, seed)?;
     let out = js_sys::Object::new();
     js_sys::Reflect::set(&out, &"train".into(), &JsValue::from(train)).map_err(js_err)?;
     js_sys::Reflect::set(&out, &"test".into(), &JsValue::from(test)).map_err(js_err)?;

@@ -394,15 +394,16 @@ pub struct Sgd {
 impl Sgd {
     /// `params`: an array of Params or a module.
     #[wasm_bindgen(constructor)]
+    #[allow(non_snake_case)]
     pub fn new(
         params: &ParamsArg,
         lr: f64,
         momentum: Option<f64>,
-        weight_decay: Option<f64>,
+        weightDecay: Option<f64>,
         nesterov: Option<bool>,
     ) -> Res<Sgd> {
         let params = params_from_js("Sgd", params)?;
-        Sgd::create(params, lr, momentum, weight_decay, nesterov)
+        Sgd::create(params, lr, momentum, weightDecay, nesterov)
     }
 
     /// Update every parameter that has a gradient.
@@ -457,17 +458,18 @@ impl Adam {
     /// `params`: an array of Params or a module. Defaults: betas (0.9,
     /// 0.999), eps 1e-8, no weight decay; `decoupled` = true makes it AdamW.
     #[wasm_bindgen(constructor)]
+    #[allow(non_snake_case)]
     pub fn new(
         params: &ParamsArg,
         lr: f64,
         beta1: Option<f64>,
         beta2: Option<f64>,
         eps: Option<f64>,
-        weight_decay: Option<f64>,
+        weightDecay: Option<f64>,
         decoupled: Option<bool>,
     ) -> Res<Adam> {
         let params = params_from_js("Adam", params)?;
-        Adam::create(params, lr, beta1, beta2, eps, weight_decay, decoupled)
+        Adam::create(params, lr, beta1, beta2, eps, weightDecay, decoupled)
     }
 
     pub fn step(&mut self) -> Res<()> {

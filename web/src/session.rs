@@ -146,11 +146,12 @@ impl Kiln {
     }
 
     /// A Linear layer (PyTorch's initialisation, drawn from `seed`).
-    pub fn linear(&self, in_features: u32, out_features: u32, bias: Option<bool>, seed: Option<f64>) -> Res<Linear> {
+    #[allow(non_snake_case)]
+    pub fn linear(&self, inFeatures: u32, outFeatures: u32, bias: Option<bool>, seed: Option<f64>) -> Res<Linear> {
         let layer = kiln_core::nn::Linear::new(
             &self.device,
-            in_features as usize,
-            out_features as usize,
+            inFeatures as usize,
+            outFeatures as usize,
             bias.unwrap_or(true),
             seed.unwrap_or(0.0) as u64,
         )?;

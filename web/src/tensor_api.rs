@@ -556,8 +556,9 @@ impl Tensor {
 
     /// Matrix product with either operand transposed (no copy).
     #[wasm_bindgen(js_name = matmulT)]
-    pub fn matmul_t(&self, other: &Tensor, transpose_a: bool, transpose_b: bool) -> Res<Tensor> {
-        self.map2(other, "matmul", move |a, b| a.matmul_t(b, transpose_a, transpose_b))
+    #[allow(non_snake_case)]
+    pub fn matmul_t(&self, other: &Tensor, transposeA: bool, transposeB: bool) -> Res<Tensor> {
+        self.map2(other, "matmul", move |a, b| a.matmul_t(b, transposeA, transposeB))
     }
 
     /// Softmax along `axis` (default -1).
@@ -680,7 +681,8 @@ impl Tensor {
     /// into parameters (until `zeroGrad()`) and are kept for variables. A
     /// one-element tensor needs no `seed`; otherwise pass the cotangent.
     /// `keepGraph` allows a second backward over this step.
-    pub fn backward(&self, seed: Option<TensorArg>, keep_graph: Option<bool>) -> Res<()> {
+    #[allow(non_snake_case)]
+    pub fn backward(&self, seed: Option<TensorArg>, keepGraph: Option<bool>) -> Res<()> {
         let (_slot, t) = self.resolve()?;
         let seed = match seed.map(|s| tensor_from_js("backward", &s)).transpose()? {
             Some(s) => {
@@ -691,7 +693,7 @@ impl Tensor {
             }
             None => None,
         };
-        t.backward_with_options(BackwardOptions { seed, keep_graph: keep_graph.unwrap_or(false) })?;
+        t.backward_with_options(BackwardOptions { seed, keep_graph: keepGraph.unwrap_or(false) })?;
         Ok(())
     }
 

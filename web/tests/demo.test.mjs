@@ -29,7 +29,8 @@ test('demo trains an MLP on the digits in the page', async (t) => {
     assert.ok(tail < head * 0.2, `loss should fall: ${head} -> ${tail}`);
     const final = demo.accuracies.at(-1).accuracy;
     assert.ok(final > 0.93, `test accuracy ${final}`);
-    assert.ok(demo.maxGapMs < 400, `the page stalled for ${demo.maxGapMs} ms while training`);
+    // Unloaded, the longest gap is ~60-80 ms; the bound leaves room for a busy 2-core CI machine.
+    assert.ok(demo.maxGapMs < 1000, `the page stalled for ${demo.maxGapMs} ms while training`);
     assert.match(await page.textContent('#device'), /CPU|WebGPU/);
 
     // Draw a "1": a vertical stroke in the middle of the pad.

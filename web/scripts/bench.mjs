@@ -1,0 +1,32 @@
+#!/usr/bin/env node
+// `npm run bench`: W1 and W4 of BENCHMARKS.md in headless Chromium (WebGPU
+// when kiln can use it, else the wasm CPU path), printing the JSON lines.
+// Options: --quick (short smoke run), --cpu (force the CPU).
+import { fileURLToPath } from 'node:url';
+import { launch, server } from '../tests/helpers.mjs';
+
+export async function runBench({ quick = false, cpu = false } = {}) {
+  const srv = await server();
+  const browser = await launch({ webgpu: !cpu });
+  try {
+    const page = await browser.newPage();
+    const logs = [];
+    page.on('console', (m) => logs.push(m.text()));
+    const q = new URLSearchParams();
+    if (quick) q.set('quick', '1');
+    if (cpu) q.set('device', 'cpu');
+    await page.goto(`${srv.url}/bench/?${q}`);
+    await page.waitForFunction(() => window.__kilnBench && (window.__kilnBench.done || window.__kilnBench.error), null, { timeout: 1800000 });
+    const result = await page.evaluate(() => window.__kilnBench);
+    if (result.error) throw new Error(`${result.error}\n${logs.join('\n')}`);
+    return result.lines;
+  } finally {
+    await browser.close();
+    await srv.close();
+  }
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const lines = await runBench({ quick: process.argv.includes('--quick'), cpu: process.argv.includes('--cpu') });
+  for (const line of lines) console.log(line);
+}
