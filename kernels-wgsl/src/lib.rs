@@ -34,15 +34,15 @@ pub mod shaders;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use kiln_core::backend::{Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
-use kiln_core::op::{Op, ReduceOp};
+use kiln_core::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+use kiln_core::op::Op;
 use kiln_core::{DType, Error, HostData, Result};
 
 use batch::{Batch, Command, Dispatch, PendingCheck, Res};
 use buffers::{bytes_of, Buffers};
 use context::Context;
 use pipelines::Pipelines;
-use shaders::{Kernel, Ty};
+use shaders::Kernel;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
@@ -310,29 +310,9 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: &Op, dtype: DType) -> bool {
-        let Some(ty) = Ty::of(dtype) else { return false };
-        let num = matches!(ty, Ty::F32 | Ty::I32);
-        match *op {
-            Op::Input | Op::Param(_) => false,
-            Op::Full(_) | Op::Arange { .. } | Op::Where | Op::Cast(_) => true,
-            Op::Unary(u) => shaders::unary_expr(u, ty).is_some(),
-            Op::Binary(b) => shaders::binary_expr(b, ty).is_some(),
-            Op::Compare(_) => dtype == DType::Bool,
-            Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => dtype == DType::I32,
-            Op::Reduce { .. } => num,
-            Op::MatMul { .. } => ty == Ty::F32,
-            Op::Reshape
-            | Op::Permute(_)
-            | Op::Expand
-            | Op::Slice(_)
-            | Op::SliceBackward(_)
-            | Op::Concat { .. }
-            | Op::IndexSelect { .. } => true,
-            Op::ScatterAdd { .. } => num,
-            Op::Im2Col(_) | Op::Col2Im { .. } => num,
-            Op::MaxPool2d(_) | Op::MaxPool2dBackward(_) | Op::RandUniform { .. } | Op::RandNormal { .. } => {
-                ty == Ty::F32
-            }
-        }
+        // The buffers store f32, i32 and bool (no f64); `shaders` has an
+        // expression for exactly the unary and binary ops `has_kernel` lists
+        // (a test below holds them together).
+        checks::has_kernel(op, dtype, &[DType::F32, DType::I32, DType::Bool])
     }
 }

@@ -321,6 +321,24 @@ pub fn all_kernels() -> Vec<Kernel> {
 mod tests {
     use super::*;
 
+    /// The backend's `supports` (the shared `has_kernel` table) names exactly
+    /// the unary and binary ops that have a WGSL expression here.
+    #[test]
+    fn expressions_match_the_kernel_table() {
+        use kiln_core::backend::checks::has_kernel;
+        use kiln_core::op::Op;
+        let stored = [DType::F32, DType::I32, DType::Bool];
+        for dtype in stored {
+            let t = Ty::of(dtype).unwrap();
+            for u in UnaryOp::ALL {
+                assert_eq!(has_kernel(&Op::Unary(u), dtype, &stored), unary_expr(u, t).is_some(), "{u:?} {dtype}");
+            }
+            for b in BinaryOp::ALL {
+                assert_eq!(has_kernel(&Op::Binary(b), dtype, &stored), binary_expr(b, t).is_some(), "{b:?} {dtype}");
+            }
+        }
+    }
+
     fn validate(name: &str, src: &str) {
         let module = naga::front::wgsl::parse_str(src)
             .unwrap_or_else(|e| panic!("{name} does not parse:\n{}", e.emit_to_string(src)));

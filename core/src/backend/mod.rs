@@ -7,6 +7,7 @@
 //! the end of one execution (the wgpu backend submits its command encoder
 //! there). Reads are futures because in a browser nothing may block.
 
+pub mod checks;
 pub mod cpu;
 
 use std::future::Future;

@@ -1,9 +1,10 @@
 //! Launches fill.wgsl (Full, Arange), unary.wgsl, binary.wgsl (binary ops
 //! and comparisons), where.wgsl and cast.wgsl.
 
+use kiln_core::backend::checks::broadcast_to;
 use kiln_core::backend::TensorRef;
 use kiln_core::op::{BinaryOp, CompareOp, UnaryOp};
-use kiln_core::shape::{broadcast_strides, contiguous_strides, fmt_dims};
+use kiln_core::shape::contiguous_strides;
 use kiln_core::{DType, Error, Result};
 
 use super::{ty, unsupported_dtype};
@@ -61,15 +62,6 @@ pub(crate) fn unary(be: &WgpuBackend, u: UnaryOp, [x]: &[TensorRef<'_>; 1], out:
     be.launch(name, Kernel::Unary(u, t), "main", &args, &[word(name, n)?], be.grid_for(name, n)?)
 }
 
-/// Strides that read `dims` broadcast to `out` (checked, as the CPU does).
-pub(crate) fn broadcast(op: &'static str, dims: &[usize], out: &[usize]) -> Result<Vec<usize>> {
-    let ok = dims.len() <= out.len() && dims.iter().rev().zip(out.iter().rev()).all(|(&d, &o)| d == o || d == 1);
-    if !ok {
-        return Err(Error::shape(op, format!("{} does not broadcast to {}", fmt_dims(dims), fmt_dims(out))));
-    }
-    Ok(broadcast_strides(dims, out).to_vec())
-}
-
 /// Launch binary.wgsl's variant `kernel` on a and b broadcast to out.
 fn zip(
     be: &WgpuBackend,
@@ -79,8 +71,8 @@ fn zip(
     b: &TensorRef<'_>,
     out: &TensorRef<'_>,
 ) -> Result<()> {
-    let sa = broadcast(op, a.dims, out.dims)?;
-    let sb = broadcast(op, b.dims, out.dims)?;
+    let sa = broadcast_to(op, a.dims, out.dims)?;
+    let sb = broadcast_to(op, b.dims, out.dims)?;
     let params = strided(op, out.dims, &[(0, &sa), (0, &sb)])?;
     let args = [(1, Arg::input(a)), (2, Arg::input(b)), (3, Arg::output(out))];
     be.launch(op, kernel, "main", &args, &params, be.grid_for(op, out.numel())?)
@@ -111,9 +103,9 @@ pub(crate) fn where_(be: &WgpuBackend, [c, a, b]: &[TensorRef<'_>; 3], out: &Ten
     if c.dtype != DType::Bool || a.dtype != out.dtype || b.dtype != out.dtype {
         return Err(Error::backend(OP, "where needs a bool condition and a, b of the output dtype"));
     }
-    let sc = broadcast(OP, c.dims, out.dims)?;
-    let sa = broadcast(OP, a.dims, out.dims)?;
-    let sb = broadcast(OP, b.dims, out.dims)?;
+    let sc = broadcast_to(OP, c.dims, out.dims)?;
+    let sa = broadcast_to(OP, a.dims, out.dims)?;
+    let sb = broadcast_to(OP, b.dims, out.dims)?;
     let params = strided(OP, out.dims, &[(0, &sc), (0, &sa), (0, &sb)])?;
     let args = [(1, Arg::input(c)), (2, Arg::input(a)), (3, Arg::input(b)), (4, Arg::output(out))];
     be.launch(OP, Kernel::Where(ty(out.dtype)), "main", &args, &params, be.grid_for(OP, out.numel())?)

@@ -3,9 +3,10 @@
 //! execution, so a bad index is an OutOfRange error naming the op, as on the
 //! CPU — reported when the execution is flushed rather than at the kernel).
 
+use kiln_core::backend::checks::{self, split_at_axis as split, with_axis};
 use kiln_core::backend::TensorRef;
 use kiln_core::shape::fmt_dims;
-use kiln_core::{DType, Error, Result};
+use kiln_core::{Error, Result};
 
 use super::{ty, unsupported_dtype};
 use crate::batch::CheckMeta;
@@ -13,25 +14,9 @@ use crate::geometry::word;
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
 
-/// (outer, size, inner) of `dims` around `axis`.
-fn split(dims: &[usize], axis: usize) -> (usize, usize, usize) {
-    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
-}
-
-fn with_axis(dims: &[usize], axis: usize, len: usize) -> Vec<usize> {
-    let mut d = dims.to_vec();
-    d[axis] = len;
-    d
-}
-
 /// Check the index vector's type and record its range check.
 fn check(be: &WgpuBackend, op: &'static str, idx: &TensorRef<'_>, axis: usize, size: usize) -> Result<usize> {
-    if idx.dtype != DType::I32 || idx.dims.len() != 1 {
-        return Err(Error::dtype(
-            op,
-            format!("the index must be a 1-D i32 vector, not {} {}", idx.dtype, fmt_dims(idx.dims)),
-        ));
-    }
+    checks::index_vector(op, idx.dtype, idx.dims)?;
     let count = idx.numel();
     if count > 0 {
         let slot = be.push_check(CheckMeta { op, axis, size });

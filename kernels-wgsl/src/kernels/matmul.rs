@@ -2,11 +2,11 @@
 //! batch axes) computed on the host, batches over the z limit split into
 //! several dispatches.
 
+use kiln_core::backend::checks::MatMulGeometry;
 use kiln_core::backend::TensorRef;
 use kiln_core::shape::fmt_dims;
 use kiln_core::{DType, Error, Result};
 
-use super::elementwise::broadcast;
 use super::unsupported_dtype;
 use crate::geometry::word;
 use crate::shaders::{Kernel, MAX_DIMS};
@@ -15,26 +15,6 @@ use crate::{Arg, WgpuBackend};
 const OP: &str = "MatMul";
 /// Output tile edge of one workgroup (TILE in matmul.wgsl).
 const TILE: usize = 64;
-
-/// The logical matrix of an operand: rows x cols, and the strides that read
-/// it from row-major storage (transposed or not).
-struct Mat {
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl Mat {
-    fn new(dims: &[usize], transposed: bool) -> Mat {
-        let (r, c) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-        if transposed {
-            Mat { rows: c, cols: r, rs: 1, cs: c }
-        } else {
-            Mat { rows: r, cols: c, rs: c, cs: 1 }
-        }
-    }
-}
 
 pub(crate) fn matmul(
     be: &WgpuBackend,
@@ -49,29 +29,19 @@ pub(crate) fn matmul(
     if out.dtype != DType::F32 {
         return Err(unsupported_dtype(OP, out.dtype));
     }
-    let (ad, bd, od) = (a.dims, b.dims, out.dims);
-    if ad.len() < 2 || bd.len() < 2 || od.len() < 2 {
-        return Err(Error::shape(OP, "operands and output need rank >= 2"));
-    }
-    let (ma, mb) = (Mat::new(ad, ta), Mat::new(bd, tb));
-    let (m, k, n) = (ma.rows, ma.cols, mb.cols);
-    let ro = od.len();
-    if mb.rows != k || od[ro - 2] != m || od[ro - 1] != n {
-        return Err(Error::shape(
-            OP,
-            format!("{} x {} (transposed: {ta}, {tb}) cannot give {}", fmt_dims(ad), fmt_dims(bd), fmt_dims(od)),
-        ));
-    }
-    let bo = &od[..ro - 2];
-    let sa: Vec<usize> = broadcast(OP, &ad[..ad.len() - 2], bo)?.iter().map(|s| s * m * k).collect();
-    let sb: Vec<usize> = broadcast(OP, &bd[..bd.len() - 2], bo)?.iter().map(|s| s * k * n).collect();
+    let g = MatMulGeometry::new(ta, tb, a.dims, b.dims, out.dims)?;
+    let (m, k, n) = (g.m, g.k, g.n);
+    let (ma, mb, bo, sa, sb) = (g.a, g.b, g.batch, &g.a_batch_strides, &g.b_batch_strides);
     // Batch axes that are broadcast in both operands need no unravelling
     // apart; merge what can be merged.
-    let (cd, cs) = crate::geometry::collapse(bo, &[&sa, &sb]);
+    let (cd, cs) = crate::geometry::collapse(bo, &[sa, sb]);
     if cd.len() > MAX_DIMS {
-        return Err(Error::unsupported(OP, format!("more than {MAX_DIMS} unmergeable batch axes in {}", fmt_dims(od))));
+        return Err(Error::unsupported(
+            OP,
+            format!("more than {MAX_DIMS} unmergeable batch axes in {}", fmt_dims(out.dims)),
+        ));
     }
-    let batches: usize = bo.iter().product();
+    let batches = g.batches();
     if out.numel() == 0 {
         return Ok(());
     }

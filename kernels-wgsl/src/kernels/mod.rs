@@ -1,6 +1,7 @@
 //! The Rust that launches each kernel family: one module per `.wgsl` file,
-//! with the same name. Each checks its operands as the CPU backend does,
-//! computes the kernel's parameters on the host and records the dispatch.
+//! with the same name. Each checks its operands with the CPU backend's
+//! checks (`kiln_core::backend::checks`), computes the kernel's parameters on
+//! the host and records the dispatch.
 
 pub(crate) mod elementwise;
 pub(crate) mod index;

@@ -1,11 +1,11 @@
 //! Launches movement.wgsl (the strided word copy) for Permute, Expand,
 //! Slice, SliceBackward and Concat; Reshape is a buffer copy.
 
-use kiln_core::backend::TensorRef;
+use kiln_core::backend::{checks, TensorRef};
 use kiln_core::shape::fmt_dims;
 use kiln_core::{Error, Result};
 
-use super::elementwise::{broadcast, contiguous, fill};
+use super::elementwise::{contiguous, fill};
 use crate::geometry::strided;
 use crate::shaders::Kernel;
 use crate::{Arg, WgpuBackend};
@@ -48,60 +48,18 @@ pub(crate) fn reshape(be: &WgpuBackend, [x]: &[TensorRef<'_>; 1], out: &TensorRe
 
 pub(crate) fn permute(be: &WgpuBackend, perm: &[usize], [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
     const OP: &str = "Permute";
-    let rank = x.dims.len();
-    let mut seen = 0u64;
-    let valid = perm.len() == rank
-        && out.dims.len() == rank
-        && perm.iter().enumerate().all(|(i, &p)| {
-            let fresh = p < rank && seen & (1 << p.min(63)) == 0;
-            seen |= 1 << p.min(63);
-            fresh && out.dims[i] == x.dims[p]
-        });
-    if !valid {
-        return Err(Error::shape(
-            OP,
-            format!("permutation {perm:?} of {} does not give {}", fmt_dims(x.dims), fmt_dims(out.dims)),
-        ));
-    }
-    let xs = contiguous(x.dims);
-    let strides: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+    let strides = checks::permute_strides(perm, x.dims, out.dims)?;
     gather(be, OP, x, 0, &strides, out)
 }
 
 pub(crate) fn expand(be: &WgpuBackend, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
-    let strides = broadcast("Expand", x.dims, out.dims)?;
+    let strides = checks::broadcast_to("Expand", x.dims, out.dims)?;
     gather(be, "Expand", x, 0, &strides, out)
-}
-
-/// The base offset and strides that read the slice `spec` (start, end, step
-/// per axis) of a tensor of dims `full` whose sliced dims are `sliced` (the
-/// CPU backend's checks).
-fn slice_view(op: &'static str, spec: &[usize], full: &[usize], sliced: &[usize]) -> Result<(usize, Vec<usize>)> {
-    let bad = || {
-        Error::out_of_range(op, format!("slice {spec:?} of {} does not have dims {}", fmt_dims(full), fmt_dims(sliced)))
-    };
-    if spec.len() != 3 * full.len() || sliced.len() != full.len() {
-        return Err(bad());
-    }
-    let fs = contiguous(full);
-    let mut base = 0;
-    let mut strides = Vec::with_capacity(full.len());
-    for d in 0..full.len() {
-        let (start, end, step) = (spec[3 * d], spec[3 * d + 1], spec[3 * d + 2]);
-        let n = sliced[d];
-        let expect = if end > start && step > 0 { (end - start).div_ceil(step) } else { 0 };
-        if step == 0 || n != expect || (n > 0 && start + (n - 1) * step >= full[d]) {
-            return Err(bad());
-        }
-        base += start * fs[d];
-        strides.push(fs[d] * step);
-    }
-    Ok((base, strides))
 }
 
 pub(crate) fn slice(be: &WgpuBackend, spec: &[usize], [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
     const OP: &str = "Slice";
-    let (base, strides) = slice_view(OP, spec, x.dims, out.dims)?;
+    let (base, strides) = checks::slice_view(OP, spec, x.dims, out.dims)?;
     if out.numel() == 0 {
         return Ok(());
     }
@@ -115,7 +73,7 @@ pub(crate) fn slice_backward(
     out: &TensorRef<'_>,
 ) -> Result<()> {
     const OP: &str = "SliceBackward";
-    let (base, strides) = slice_view(OP, spec, out.dims, g.dims)?;
+    let (base, strides) = checks::slice_view(OP, spec, out.dims, g.dims)?;
     if g.dtype != out.dtype {
         return Err(Error::backend(OP, "input and output dtypes differ"));
     }
@@ -128,20 +86,7 @@ pub(crate) fn slice_backward(
 pub(crate) fn concat(be: &WgpuBackend, axis: usize, ins: &[TensorRef<'_>], out: &TensorRef<'_>) -> Result<()> {
     const OP: &str = "Concat";
     let od = out.dims;
-    let fits = axis < od.len()
-        && ins.iter().all(|x| {
-            x.dtype == out.dtype
-                && x.dims.len() == od.len()
-                && x.dims.iter().zip(od).enumerate().all(|(d, (a, b))| d == axis || a == b)
-        })
-        && ins.iter().map(|x| x.dims[axis]).sum::<usize>() == od[axis];
-    if !fits {
-        let dims: Vec<String> = ins.iter().map(|x| fmt_dims(x.dims)).collect();
-        return Err(Error::shape(
-            OP,
-            format!("cannot concatenate {} along axis {axis} into {}", dims.join(", "), fmt_dims(od)),
-        ));
-    }
+    checks::concat(axis, ins.iter().map(|x| (x.dims, x.dtype)), (od, out.dtype))?;
     let os = contiguous(od);
     let mut at = 0;
     for x in ins {

@@ -1,19 +1,15 @@
 //! Launches pool.wgsl: MaxPool2d and MaxPool2dBackward (f32), with the CPU
 //! backend's shape checks.
 
+use kiln_core::backend::checks::{window_mismatch as mismatch, window_output as output_size};
 use kiln_core::backend::TensorRef;
 use kiln_core::op::Window2d;
-use kiln_core::shape::fmt_dims;
-use kiln_core::{DType, Error, Result};
+use kiln_core::{DType, Result};
 
 use super::unsupported_dtype;
-use super::window::{geometry, output_size};
+use super::window::geometry;
 use crate::shaders::Kernel;
 use crate::{Arg, WgpuBackend};
-
-fn mismatch(op: &'static str, dims: &[usize], out: &[usize]) -> Error {
-    Error::shape(op, format!("input {} does not give output {}", fmt_dims(dims), fmt_dims(out)))
-}
 
 pub(crate) fn max_pool2d(
     be: &WgpuBackend,

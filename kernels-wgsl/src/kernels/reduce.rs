@@ -1,10 +1,10 @@
 //! Launches reduce.wgsl: the input's axes split into kept and reduced
 //! groups (each collapsed on the host), one output per kept index.
 
-use kiln_core::backend::TensorRef;
+use kiln_core::backend::{checks, TensorRef};
 use kiln_core::op::ReduceOp;
-use kiln_core::shape::{fmt_dims, AxisSet};
-use kiln_core::{DType, Error, Result};
+use kiln_core::shape::AxisSet;
+use kiln_core::Result;
 
 use super::elementwise::contiguous;
 use super::{ty, unsupported_dtype};
@@ -35,27 +35,8 @@ pub(crate) fn reduce(
     }
     let outputs: usize = kd.iter().product();
     let block: usize = rd.iter().product();
-    if out.numel() != outputs {
-        return Err(Error::shape(
-            name,
-            format!(
-                "reducing {} over {:?} gives {outputs} elements, the output has {}",
-                fmt_dims(x.dims),
-                axes,
-                out.numel()
-            ),
-        ));
-    }
+    checks::reduction(op, axes, (x.dims, x.dtype), (outputs, block), (out.numel(), out.dtype))?;
     let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
-    if block == 0 && outputs > 0 && !matches!(op, ReduceOp::Sum | ReduceOp::Prod) {
-        return Err(Error::invalid(name, format!("{name} of an empty block (input {})", fmt_dims(x.dims))));
-    }
-    if arg && out.dtype != DType::I32 {
-        return Err(Error::backend(name, "ArgMax/ArgMin write i32"));
-    }
-    if !arg && x.dtype != out.dtype {
-        return Err(Error::backend(name, "the output dtype differs from the input's"));
-    }
     if !arg && ty(x.dtype) == Ty::U32 {
         return Err(unsupported_dtype(name, x.dtype));
     }

@@ -2,7 +2,7 @@
 //! Adam/AdamW steps in place, hyper-parameters derived in f64 on the host
 //! and rounded once to f32, as the CPU backend does.
 
-use kiln_core::backend::{BufferId, ParamUpdate};
+use kiln_core::backend::{checks, BufferId, ParamUpdate};
 use kiln_core::{DType, Error, Result};
 
 use crate::geometry::word;
@@ -27,13 +27,7 @@ pub(crate) fn update(
             Error::dtype(OP, format!("cannot optimise a {dtype} parameter"))
         });
     }
-    let needed = match *upd {
-        ParamUpdate::Sgd { momentum, .. } => usize::from(momentum != 0.0),
-        ParamUpdate::Adam { .. } => 2,
-    };
-    if state.len() < needed {
-        return Err(Error::backend(OP, format!("{needed} state buffers needed, {} given", state.len())));
-    }
+    checks::update_state_count(upd, state.len())?;
     let f = |v: f64| (v as f32).to_bits();
     let buf = |id: BufferId, write: bool| Arg::Buffer { id, dtype, len, write };
     let n = word(OP, len)?;

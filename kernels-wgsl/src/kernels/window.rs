@@ -2,22 +2,15 @@
 //! backend's shape checks. The window geometry block is shared with
 //! pool.wgsl (`geometry`).
 
+use kiln_core::backend::checks::{window_mismatch as mismatch, window_output as output_size};
 use kiln_core::backend::TensorRef;
 use kiln_core::op::Window2d;
-use kiln_core::shape::fmt_dims;
-use kiln_core::{Error, Result};
+use kiln_core::Result;
 
 use super::{ty, unsupported_dtype};
 use crate::geometry::word;
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
-
-/// Window positions (oh, ow) of `window` over an (h, w) image.
-pub(crate) fn output_size(op: &'static str, window: &Window2d, h: usize, w: usize) -> Result<[usize; 2]> {
-    window
-        .output_size([h, w])
-        .ok_or_else(|| Error::shape(op, format!("window {window:?} does not fit a {h}x{w} image")))
-}
 
 /// The geometry block of window.wgsl and pool.wgsl (p[0] = `n`, then
 /// p[1..13]); checks that the kernels' u32 index arithmetic cannot wrap:
@@ -41,10 +34,6 @@ pub(crate) fn geometry(
     p.extend(window.dilation);
     p.extend(window.pad_begin);
     Ok(p)
-}
-
-fn mismatch(op: &'static str, dims: &[usize], out: &[usize]) -> Error {
-    Error::shape(op, format!("input {} does not give output {}", fmt_dims(dims), fmt_dims(out)))
 }
 
 /// The storage type of an Im2Col/Col2Im operand: f32 or i32 (the CPU's

@@ -4,23 +4,13 @@
 use super::layout::for_chunks;
 use super::scalar::{Num, Scalar};
 use super::{with_any, with_num, In, Out};
-use crate::dtype::DType;
+use crate::backend::checks::{self, split_at_axis as split, with_axis};
 use crate::error::{Error, Result};
 use crate::shape::fmt_dims;
 
-/// (outer, size, inner) of `dims` around `axis`.
-fn split(dims: &[usize], axis: usize) -> (usize, usize, usize) {
-    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
-}
-
 /// The index vector, checked against the axis size.
 fn indices<'a>(op: &'static str, idx: &In<'a>, axis: usize, size: usize) -> Result<&'a [i32]> {
-    if idx.dtype != DType::I32 || idx.dims.len() != 1 {
-        return Err(Error::dtype(
-            op,
-            format!("the index must be a 1-D i32 vector, not {} {}", idx.dtype, fmt_dims(idx.dims)),
-        ));
-    }
+    checks::index_vector(op, idx.dtype, idx.dims)?;
     let v = idx.slice::<i32>(op)?;
     if let Some((pos, &bad)) = v.iter().enumerate().find(|(_, &i)| i < 0 || i as usize >= size) {
         return Err(Error::out_of_range(
@@ -29,13 +19,6 @@ fn indices<'a>(op: &'static str, idx: &In<'a>, axis: usize, size: usize) -> Resu
         ));
     }
     Ok(v)
-}
-
-/// `dims` with dims[axis] replaced by `len`.
-fn with_axis(dims: &[usize], axis: usize, len: usize) -> smallvec::SmallVec<[usize; 6]> {
-    let mut d: smallvec::SmallVec<[usize; 6]> = dims.into();
-    d[axis] = len;
-    d
 }
 
 pub(super) fn index_select(axis: usize, [x, idx]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {

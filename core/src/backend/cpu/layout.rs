@@ -5,8 +5,7 @@
 
 use smallvec::SmallVec;
 
-use crate::error::{Error, Result};
-use crate::shape::{broadcast_strides, fmt_dims, Dims};
+use crate::shape::Dims;
 
 /// Below this much work a kernel runs on the calling thread. Work is counted
 /// in units of one cheap elementwise operation (an add, a copy): waking
@@ -55,15 +54,7 @@ pub(crate) fn for_chunks_weighted<O: Send>(
     f(0, out)
 }
 
-/// Check that `dims` broadcasts to `out` (the graph guarantees it; a backend
-/// must still not index out of bounds if it did not).
-pub(crate) fn broadcast_to(op: &'static str, dims: &[usize], out: &[usize]) -> Result<Dims> {
-    let ok = dims.len() <= out.len() && dims.iter().rev().zip(out.iter().rev()).all(|(&d, &o)| d == o || d == 1);
-    if !ok {
-        return Err(Error::shape(op, format!("{} does not broadcast to {}", fmt_dims(dims), fmt_dims(out))));
-    }
-    Ok(broadcast_strides(dims, out))
-}
+pub(crate) use crate::backend::checks::broadcast_to;
 
 /// N operands read with arbitrary strides; the output is contiguous with the
 /// iteration dims. Dims of size 1 are dropped and dims that are contiguous in

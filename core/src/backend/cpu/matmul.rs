@@ -3,11 +3,10 @@
 
 use gemm::Parallelism;
 
-use super::layout::broadcast_to;
 use super::scalar::Float;
 use super::{with_float, In, Out};
+use crate::backend::checks::{Mat, MatMulGeometry};
 use crate::error::{Error, Result};
-use crate::shape::{fmt_dims, Dims};
 
 /// m * n * k up to which a plain loop is used instead of gemm.
 const SMALL_GEMM_WORK: usize = 8 * 8 * 8;
@@ -28,34 +27,6 @@ pub(super) fn matmul(ta: bool, tb: bool, [a, b]: &[In<'_>; 2], out: &mut Out<'_>
     })
 }
 
-/// One operand's matrix geometry: rows x cols of the logical matrix, and the
-/// strides that read it from row-major storage (transposed or not).
-struct Mat {
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl Mat {
-    fn new(dims: &[usize], transposed: bool) -> Mat {
-        let (r, c) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-        if transposed {
-            Mat { rows: c, cols: r, rs: 1, cs: c }
-        } else {
-            Mat { rows: r, cols: c, rs: c, cs: 1 }
-        }
-    }
-    /// Elements a matrix spans from its first (0 for an empty one).
-    fn span(&self) -> usize {
-        if self.rows == 0 || self.cols == 0 {
-            0
-        } else {
-            (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1
-        }
-    }
-}
-
 fn batched<T: Float>(
     ta: bool,
     tb: bool,
@@ -63,23 +34,10 @@ fn batched<T: Float>(
     (b, bd): (&[T], &[usize]),
     (out, od): (&mut [T], &[usize]),
 ) -> Result<()> {
-    const OP: &str = "MatMul";
-    if ad.len() < 2 || bd.len() < 2 || od.len() < 2 {
-        return Err(Error::shape(OP, "operands and output need rank >= 2"));
-    }
-    let (ma, mb) = (Mat::new(ad, ta), Mat::new(bd, tb));
-    let (m, k, n) = (ma.rows, ma.cols, mb.cols);
-    let ro = od.len();
-    if mb.rows != k || od[ro - 2] != m || od[ro - 1] != n {
-        return Err(Error::shape(
-            OP,
-            format!("{} x {} (transposed: {ta}, {tb}) cannot give {}", fmt_dims(ad), fmt_dims(bd), fmt_dims(od)),
-        ));
-    }
-    let bo = &od[..ro - 2];
-    let sa: Dims = broadcast_to(OP, &ad[..ad.len() - 2], bo)?.iter().map(|s| s * m * k).collect();
-    let sb: Dims = broadcast_to(OP, &bd[..bd.len() - 2], bo)?.iter().map(|s| s * k * n).collect();
-    let batches: usize = bo.iter().product();
+    let g = MatMulGeometry::new(ta, tb, ad, bd, od)?;
+    let (ma, mb, m, k, n) = (g.a, g.b, g.m, g.k, g.n);
+    let (bo, sa, sb) = (g.batch, &g.a_batch_strides, &g.b_batch_strides);
+    let batches = g.batches();
     if out.is_empty() {
         return Ok(());
     }

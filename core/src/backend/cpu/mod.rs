@@ -23,10 +23,10 @@ use std::cell::RefCell;
 
 use smallvec::SmallVec;
 
-use crate::backend::{Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
-use crate::op::{Op, ReduceOp};
+use crate::op::Op;
 
 pub(crate) use scalar::Scalar;
 
@@ -386,13 +386,7 @@ impl Backend for CpuBackend {
         len: usize,
     ) -> Result<()> {
         const OP: &str = "update_param";
-        let needed = match *upd {
-            ParamUpdate::Sgd { momentum, .. } => usize::from(momentum != 0.0),
-            ParamUpdate::Adam { .. } => 2,
-        };
-        if state.len() < needed {
-            return Err(Error::backend(OP, format!("{needed} state buffers needed, {} given", state.len())));
-        }
+        let needed = checks::update_state_count(upd, state.len())?;
         let mut slab = self.slab.borrow_mut();
         // Take every buffer written in place out of the slab (a buffer named
         // twice is then found missing, never aliased), borrow the gradient.
@@ -440,28 +434,7 @@ impl Backend for CpuBackend {
     }
 
     fn supports(&self, op: &Op, dtype: DType) -> bool {
-        let float = dtype.is_float();
-        let num = float || dtype == DType::I32;
-        match op {
-            Op::Input | Op::Param(_) => false,
-            Op::Full(_) | Op::Arange { .. } | Op::Where | Op::Cast(_) => true,
-            Op::Unary(u) => float || (dtype == DType::I32 && u.accepts_integers()),
-            Op::Binary(b) => float || (dtype == DType::I32 && b.accepts_integers()),
-            Op::Compare(_) => dtype == DType::Bool,
-            Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => dtype == DType::I32,
-            Op::Reduce { .. } => num,
-            Op::MatMul { .. } => float,
-            Op::Reshape
-            | Op::Permute(_)
-            | Op::Expand
-            | Op::Slice(_)
-            | Op::SliceBackward(_)
-            | Op::Concat { .. }
-            | Op::IndexSelect { .. } => true,
-            Op::ScatterAdd { .. } => num,
-            Op::Im2Col(_) | Op::Col2Im { .. } => num,
-            Op::MaxPool2d(_) | Op::MaxPool2dBackward(_) | Op::RandUniform { .. } | Op::RandNormal { .. } => float,
-        }
+        checks::has_kernel(op, dtype, &[DType::F32, DType::F64, DType::I32, DType::Bool])
     }
 }
 

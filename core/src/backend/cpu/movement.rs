@@ -4,8 +4,9 @@
 use super::layout::{broadcast_to, for_chunks, Strided};
 use super::scalar::Scalar;
 use super::{with_any, In, Out};
+use crate::backend::checks;
 use crate::error::{Error, Result};
-use crate::shape::{contiguous_strides, fmt_dims, Dims};
+use crate::shape::fmt_dims;
 
 pub(super) fn reshape([x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Reshape";
@@ -48,23 +49,7 @@ fn run_gather(op: &'static str, x: &In<'_>, base: usize, strides: &[usize], out:
 
 pub(super) fn permute(perm: &[usize], [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Permute";
-    let rank = x.dims.len();
-    let mut seen = 0u64;
-    let valid = perm.len() == rank
-        && out.dims.len() == rank
-        && perm.iter().enumerate().all(|(i, &p)| {
-            let fresh = p < rank && seen & (1 << p) == 0;
-            seen |= 1 << p.min(63);
-            fresh && out.dims[i] == x.dims[p]
-        });
-    if !valid {
-        return Err(Error::shape(
-            OP,
-            format!("permutation {perm:?} of {} does not give {}", fmt_dims(x.dims), fmt_dims(out.dims)),
-        ));
-    }
-    let xs = contiguous_strides(x.dims);
-    let strides: Dims = perm.iter().map(|&p| xs[p]).collect();
+    let strides = checks::permute_strides(perm, x.dims, out.dims)?;
     run_gather(OP, x, 0, &strides, out)
 }
 
@@ -73,34 +58,9 @@ pub(super) fn expand([x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     run_gather("Expand", x, 0, &strides, out)
 }
 
-/// The base offset and strides that read the slice `spec` (start, end, step
-/// per axis) of a tensor of dims `full`, whose sliced dims are `sliced`.
-fn slice_view(op: &'static str, spec: &[usize], full: &[usize], sliced: &[usize]) -> Result<(usize, Dims)> {
-    let bad = || {
-        Error::out_of_range(op, format!("slice {spec:?} of {} does not have dims {}", fmt_dims(full), fmt_dims(sliced)))
-    };
-    if spec.len() != 3 * full.len() || sliced.len() != full.len() {
-        return Err(bad());
-    }
-    let fs = contiguous_strides(full);
-    let mut base = 0;
-    let mut strides = Dims::new();
-    for d in 0..full.len() {
-        let (start, end, step) = (spec[3 * d], spec[3 * d + 1], spec[3 * d + 2]);
-        let n = sliced[d];
-        let expect = if end > start && step > 0 { (end - start).div_ceil(step) } else { 0 };
-        if step == 0 || n != expect || (n > 0 && start + (n - 1) * step >= full[d]) {
-            return Err(bad());
-        }
-        base += start * fs[d];
-        strides.push(fs[d] * step);
-    }
-    Ok((base, strides))
-}
-
 pub(super) fn slice(spec: &[usize], [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Slice";
-    let (base, strides) = slice_view(OP, spec, x.dims, out.dims)?;
+    let (base, strides) = checks::slice_view(OP, spec, x.dims, out.dims)?;
     if out.numel() == 0 {
         return Ok(());
     }
@@ -109,7 +69,7 @@ pub(super) fn slice(spec: &[usize], [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Res
 
 pub(super) fn slice_backward(spec: &[usize], [g]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "SliceBackward";
-    let (base, strides) = slice_view(OP, spec, out.dims, g.dims)?;
+    let (base, strides) = checks::slice_view(OP, spec, out.dims, g.dims)?;
     if g.dtype != out.dtype {
         return Err(Error::backend(OP, "input and output dtypes differ"));
     }
@@ -136,20 +96,7 @@ pub(super) fn slice_backward(spec: &[usize], [g]: &[In<'_>; 1], out: &mut Out<'_
 pub(super) fn concat(axis: usize, ins: &[In<'_>], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Concat";
     let od = out.dims;
-    let fits = axis < od.len()
-        && ins.iter().all(|x| {
-            x.dtype == out.dtype
-                && x.dims.len() == od.len()
-                && x.dims.iter().zip(od).enumerate().all(|(d, (a, b))| d == axis || a == b)
-        })
-        && ins.iter().map(|x| x.dims[axis]).sum::<usize>() == od[axis];
-    if !fits {
-        let dims: Vec<String> = ins.iter().map(|x| fmt_dims(x.dims)).collect();
-        return Err(Error::shape(
-            OP,
-            format!("cannot concatenate {} along axis {axis} into {}", dims.join(", "), fmt_dims(od)),
-        ));
-    }
+    checks::concat(axis, ins.iter().map(|x| (x.dims, x.dtype)), (od, out.dtype))?;
     // Each input contributes a chunk of dims[axis] * inner per outer row.
     let inner: usize = od[axis + 1..].iter().product();
     let row: usize = od[axis] * inner;

@@ -10,10 +10,10 @@
 use super::layout::{for_chunks, for_chunks_weighted, Strided};
 use super::scalar::{Num, Scalar};
 use super::{with_any, with_num, In, Out};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::backend::checks;
+use crate::error::Result;
 use crate::op::ReduceOp;
-use crate::shape::{contiguous_strides, fmt_dims, AxisSet, Dims};
+use crate::shape::{contiguous_strides, AxisSet, Dims};
 
 /// Work weight of one reduced element (see `PAR_THRESHOLD`).
 const COST: usize = 2;
@@ -100,34 +100,14 @@ fn reduce_with(op: ReduceOp, axes: AxisSet, x: &In<'_>, out: &mut Out<'_>, fast:
     g.suffix &= fast;
     g.prefix &= fast;
     let outputs: usize = g.kept_dims.iter().product();
-    if out.numel() != outputs {
-        return Err(Error::shape(
-            name,
-            format!(
-                "reducing {} over {:?} gives {outputs} elements, the output has {}",
-                fmt_dims(x.dims),
-                axes,
-                out.numel()
-            ),
-        ));
-    }
-    let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
-    if g.block == 0 && outputs > 0 && !matches!(op, ReduceOp::Sum | ReduceOp::Prod) {
-        return Err(Error::invalid(name, format!("{name} of an empty block (input {})", fmt_dims(x.dims))));
-    }
-    if arg {
-        if out.dtype != DType::I32 {
-            return Err(Error::backend(name, "ArgMax/ArgMin write i32"));
-        }
+    checks::reduction(op, axes, (x.dims, x.dtype), (outputs, g.block), (out.numel(), out.dtype))?;
+    if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
         let o = out.slice::<i32>(name)?;
         let max = op == ReduceOp::ArgMax;
         return with_any!(x.dtype, T => {
             arg_reduce::<T>(x.slice::<T>(name)?, &g, o, max);
             Ok(())
         });
-    }
-    if x.dtype != out.dtype {
-        return Err(Error::backend(name, "the output dtype differs from the input's"));
     }
     with_num!(x.dtype, name, T => {
         let (xs, o) = (x.slice::<T>(name)?, out.slice::<T>(name)?);
@@ -287,7 +267,7 @@ mod tests {
     use super::super::testutil::*;
     use super::super::{CpuStorage, In, Out};
     use super::*;
-    use crate::dtype::HostData;
+    use crate::dtype::{DType, HostData};
     use crate::op::Op;
     use crate::shape::reduced_dims;
 

@@ -6,9 +6,9 @@
 use super::layout::for_chunks;
 use super::scalar::{Float, Scalar};
 use super::{with_float, with_num, In, Out};
-use crate::error::{Error, Result};
+use crate::backend::checks;
+use crate::error::Result;
 use crate::op::Window2d;
-use crate::shape::fmt_dims;
 
 /// Geometry of one window op on an image of (h, w) giving (oh, ow).
 #[derive(Clone, Copy)]
@@ -29,9 +29,7 @@ struct Geometry {
 
 impl Geometry {
     fn new(op: &'static str, window: &Window2d, h: usize, w: usize) -> Result<Geometry> {
-        let [oh, ow] = window
-            .output_size([h, w])
-            .ok_or_else(|| Error::shape(op, format!("window {window:?} does not fit a {h}x{w} image")))?;
+        let [oh, ow] = checks::window_output(op, window, h, w)?;
         let u = |v: u32| v as usize;
         Ok(Geometry {
             h,
@@ -63,7 +61,7 @@ fn check(op: &'static str, ok: bool, dims: &[usize], out: &[usize]) -> Result<()
     if ok {
         Ok(())
     } else {
-        Err(Error::shape(op, format!("input {} does not give output {}", fmt_dims(dims), fmt_dims(out))))
+        Err(checks::window_mismatch(op, dims, out))
     }
 }
 
