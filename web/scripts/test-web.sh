@@ -17,7 +17,7 @@ if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknow
   rustup target add wasm32-unknown-unknown
 fi
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
-  cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
+  cargo install wasm-bindgen-cli --version "=$WASM_BINDGEN_VERSION"
 fi
 if ! command -v wasm-pack >/dev/null; then
   cargo install wasm-pack --locked

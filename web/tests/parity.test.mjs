@@ -56,7 +56,7 @@ test('Chromium (wasm CPU) matches native', async (t) => {
 
 // PENDING with the WebGPU run of browser-api.test.mjs: kiln-wgsl's kernels
 // do not compile in Chromium yet, so there is no WebGPU device to compare.
-test('Chromium (WebGPU) matches native', { todo: process.env.KILN_WEBGPU_STRICT === '1' ? false : 'pending kiln-wgsl (see browser-api.test.mjs)' }, async (t) => {
+test('Chromium (WebGPU) matches native', async (t) => {
   const browser = await launch({ webgpu: true });
   try {
     const { value, logs } = await openAndWait(browser, `${srv.url}/tests/parity.html?device=webgpu`, '__kilnParity');

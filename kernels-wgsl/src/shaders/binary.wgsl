@@ -55,7 +55,10 @@ fn pow_f(a: f32, b: f32) -> f32 {
     let r = pow(abs(a), b);
     if (a < 0.0) {
         if (floor(b) != b) {
-            return bitcast<f32>(0x7fc00000u);
+            // Through a runtime value: browsers' WGSL compilers reject a
+            // constant expression that evaluates to NaN or infinity.
+            let nan_bits = 0x7fc00000u;
+            return bitcast<f32>(nan_bits);
         }
         // Odd integer exponents keep the sign (|b| >= 2^24 is always even).
         let odd = abs(b) < 16777216.0 && (i32(b) & 1) == 1;
@@ -63,7 +66,8 @@ fn pow_f(a: f32, b: f32) -> f32 {
     }
     if (a == 0.0) {
         if (b < 0.0) {
-            return bitcast<f32>(0x7f800000u);
+            let infinity_bits = 0x7f800000u;
+            return bitcast<f32>(infinity_bits);
         }
         return 0.0;
     }
