@@ -52,6 +52,37 @@ fn offsets(i: u32) -> vec4<u32> {
     return off;
 }
 
+// The window geometry block of window.wgsl and pool.wgsl: p[1] h, p[2] w
+// (image), p[3] oh, p[4] ow (window positions), p[5] kh, p[6] kw (kernel),
+// p[7] sh, p[8] sw (stride), p[9] dh, p[10] dw (dilation), p[11] ph, p[12] pw
+// (padding before the image). Axis a is 0 for rows, 1 for columns; NONE
+// marks "no such pixel / position" (the host keeps real ones below it).
+const NONE: u32 = 0xffffffffu;
+
+// The image coordinate along axis a of kernel tap k of window position o,
+// or NONE when it falls in the padding.
+fn window_pixel(a: u32, o: u32, k: u32) -> u32 {
+    let padded = o * p[7u + a] + k * p[9u + a];
+    if (padded < p[11u + a] || padded - p[11u + a] >= p[1u + a]) {
+        return NONE;
+    }
+    return padded - p[11u + a];
+}
+
+// The window position along axis a whose kernel tap k lands on padded
+// coordinate `padded`, or NONE when no window position does.
+fn window_position(a: u32, padded: u32, k: u32) -> u32 {
+    let d = k * p[9u + a];
+    if (d > padded || (padded - d) % p[7u + a] != 0u) {
+        return NONE;
+    }
+    let o = (padded - d) / p[7u + a];
+    if (o >= p[3u + a]) {
+        return NONE;
+    }
+    return o;
+}
+
 // Conversions with the CPU backend's `Cast` semantics (Rust `as`): float to
 // i32 truncates and saturates, NaN gives 0; anything to bool is `!= 0`.
 fn f32_to_i32(x: f32) -> i32 {

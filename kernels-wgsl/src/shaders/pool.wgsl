@@ -7,7 +7,8 @@
 //   p[2] w, p[3] oh, p[4] ow, p[5] kh, p[6] kw, p[7] sh, p[8] sw, p[9] dh,
 //   p[10] dw, p[11] ph, p[12] pw — and p[13] the bits of -inf (the value of a
 //   window holding no pixel; passed in because a non-finite constant is not
-//   a valid WGSL expression).
+//   a valid WGSL expression). The window arithmetic (`window_pixel`,
+//   `window_position`) is common.wgsl's, shared with window.wgsl.
 // Workgroup: 256 threads, one output element each. Launch: ceil(p[0] / 256)
 // workgroups folded into a 2-D grid.
 //
@@ -27,30 +28,28 @@
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 // Position y * w + x in the plane starting at `base` of window (oy, ox)'s
-// first maximum, or 0xffffffff when the window holds no pixel.
+// first maximum, or NONE when the window holds no pixel.
 fn first_max(base: u32, oy: u32, ox: u32) -> u32 {
-    let h = p[1];
     let w = p[2];
-    var best = 0xffffffffu;
+    var best = NONE;
     var bv = 0.0;
     var bnan = false;
     for (var i = 0u; i < p[5]; i = i + 1u) {
-        let py = oy * p[7] + i * p[9];
-        if (py < p[11] || py - p[11] >= h) {
+        let y = window_pixel(0u, oy, i);
+        if (y == NONE) {
             continue;
         }
-        let y = py - p[11];
         for (var j = 0u; j < p[6]; j = j + 1u) {
-            let px = ox * p[8] + j * p[10];
-            if (px < p[12] || px - p[12] >= w) {
+            let c = window_pixel(1u, ox, j);
+            if (c == NONE) {
                 continue;
             }
-            let pos = y * w + (px - p[12]);
+            let pos = y * w + c;
             let v = x[base + pos];
             let vnan = is_nan(v);
             // Replace when there is no best yet, or (the best is not NaN and)
             // v is NaN or strictly greater.
-            if (best == 0xffffffffu || (!bnan && (vnan || v > bv))) {
+            if (best == NONE || (!bnan && (vnan || v > bv))) {
                 best = pos;
                 bv = v;
                 bnan = vnan;
@@ -73,7 +72,7 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let plane = e / l;
     let base = plane * p[1] * p[2];
     let pos = first_max(base, q / ow, q % ow);
-    if (pos == 0xffffffffu) {
+    if (pos == NONE) {
         out[e] = bitcast<f32>(p[13]);
     } else {
         out[e] = x[base + pos];
@@ -103,21 +102,13 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     // Kernel rows from the last to the first give window rows oy ascending
     // (oy = (py - i·dh) / sh), likewise columns: (oy, ox) in row-major order.
     for (var ii = 0u; ii < kh; ii = ii + 1u) {
-        let dy = (kh - 1u - ii) * p[9];
-        if (dy > py || (py - dy) % p[7] != 0u) {
-            continue;
-        }
-        let oy = (py - dy) / p[7];
-        if (oy >= oh) {
+        let oy = window_position(0u, py, kh - 1u - ii);
+        if (oy == NONE) {
             continue;
         }
         for (var jj = 0u; jj < kw; jj = jj + 1u) {
-            let dx = (kw - 1u - jj) * p[10];
-            if (dx > px || (px - dx) % p[8] != 0u) {
-                continue;
-            }
-            let ox = (px - dx) / p[8];
-            if (ox >= ow) {
+            let ox = window_position(1u, px, kw - 1u - jj);
+            if (ox == NONE) {
                 continue;
             }
             if (first_max(base, oy, ox) == pos) {

@@ -8,7 +8,8 @@
 //   positions), p[5] kh, p[6] kw (kernel), p[7] sh, p[8] sw (stride),
 //   p[9] dh, p[10] dw (dilation), p[11] ph, p[12] pw (padding before the
 //   image; padding after it only shows through oh, ow). The host checks that
-//   h + padding and every index fit in u32.
+//   h + padding and every index fit in u32. The window arithmetic
+//   (`window_pixel`, `window_position`) is common.wgsl's, shared with pool.wgsl.
 // Workgroup: 256 threads, one output element each. Launch: ceil(p[0] / 256)
 // workgroups folded into a 2-D grid.
 //
@@ -43,14 +44,11 @@ fn im2col(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let plane = row / k;
     let oy = col / ow;
     let ox = col % ow;
-    let i = kk / kw;
-    let j = kk % kw;
-    // Position in the padded image; inside when in [pad, pad + size).
-    let py = oy * p[7] + i * p[9];
-    let px = ox * p[8] + j * p[10];
+    let y = window_pixel(0u, oy, kk / kw);
+    let x = window_pixel(1u, ox, kk % kw);
     var v = {T}(0);
-    if (py >= p[11] && py - p[11] < h && px >= p[12] && px - p[12] < w) {
-        v = src[(plane * h + (py - p[11])) * w + (px - p[12])];
+    if (y != NONE && x != NONE) {
+        v = src[(plane * h + y) * w + x];
     }
     out[e] = v;
 }
@@ -79,21 +77,13 @@ fn col2im(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let px = x + p[12];
     var acc = {T}(0);
     for (var i = 0u; i < kh; i = i + 1u) {
-        let dy = i * p[9];
-        if (dy > py || (py - dy) % p[7] != 0u) {
-            continue;
-        }
-        let oy = (py - dy) / p[7];
-        if (oy >= oh) {
+        let oy = window_position(0u, py, i);
+        if (oy == NONE) {
             continue;
         }
         for (var j = 0u; j < kw; j = j + 1u) {
-            let dx = j * p[10];
-            if (dx > px || (px - dx) % p[8] != 0u) {
-                continue;
-            }
-            let ox = (px - dx) / p[8];
-            if (ox >= ow) {
+            let ox = window_position(1u, px, j);
+            if (ox == NONE) {
                 continue;
             }
             acc += src[base + (i * kw + j) * l + oy * ow + ox];
