@@ -36,6 +36,38 @@ fn dims4(op: &'static str, x: &Tensor<'_>, channels: usize) -> Result<[usize; 4]
     Ok([d[0], d[1], d[2], d[3]])
 }
 
+/// A convolution's weight (`weight_dims`) and, when `bias`, its bias [out]:
+/// PyTorch's default initialisation, uniform ±1/√fan_in, f32, weight first.
+fn conv_params(
+    device: &Device,
+    weight_dims: [usize; 4],
+    fan_in: usize,
+    bias: bool,
+    out_channels: usize,
+    seed: u64,
+) -> Result<(Param, Option<Param>)> {
+    let bound = 1.0 / (fan_in as f64).sqrt();
+    let mut rng = SplitMix64::new(seed);
+    let weight = uniform_param(device, "weight", &weight_dims, bound, &mut rng, DType::F32)?;
+    let bias =
+        if bias { Some(uniform_param(device, "bias", &[out_channels], bound, &mut rng, DType::F32)?) } else { None };
+    Ok((weight, bias))
+}
+
+/// `y` [N, out, H, W] plus the bias broadcast over N, H and W, if any.
+fn add_bias<'g>(y: Tensor<'g>, bias: &Option<Param>, out_channels: usize) -> Result<Tensor<'g>> {
+    match bias {
+        Some(b) => y.add(y.graph().param(b)?.reshape_to(&[1, out_channels, 1, 1])?),
+        None => Ok(y),
+    }
+}
+
+fn weight_and_bias(weight: &Param, bias: &Option<Param>) -> Vec<Param> {
+    let mut p = vec![weight.clone()];
+    p.extend(bias.clone());
+    p
+}
+
 /// 2-D convolution: weight [out, in/groups, kh, kw], bias [out].
 /// Computed as Im2Col → MatMul (batched over groups) → reshape.
 pub struct Conv2d {
@@ -67,21 +99,8 @@ impl Conv2d {
         }
         let window = Window2d::new(kernel, options.stride, options.padding, options.dilation)?;
         let fan_in = in_channels / g * kernel[0] * kernel[1];
-        let bound = 1.0 / (fan_in as f64).sqrt();
-        let mut rng = SplitMix64::new(seed);
-        let weight = uniform_param(
-            device,
-            "weight",
-            &[out_channels, in_channels / g, kernel[0], kernel[1]],
-            bound,
-            &mut rng,
-            DType::F32,
-        )?;
-        let bias = if options.bias {
-            Some(uniform_param(device, "bias", &[out_channels], bound, &mut rng, DType::F32)?)
-        } else {
-            None
-        };
+        let weight_dims = [out_channels, in_channels / g, kernel[0], kernel[1]];
+        let (weight, bias) = conv_params(device, weight_dims, fan_in, options.bias, out_channels, seed)?;
         Ok(Conv2d { weight, bias, in_channels, out_channels, kernel, window, groups: g })
     }
 }
@@ -105,15 +124,10 @@ impl Module for Conv2d {
             weight.matmul(cols)?
         };
         let y = y.reshape_to(&[n, self.out_channels, oh, ow])?;
-        match &self.bias {
-            Some(b) => y.add(graph.param(b)?.reshape_to(&[1, self.out_channels, 1, 1])?),
-            None => Ok(y),
-        }
+        add_bias(y, &self.bias, self.out_channels)
     }
     fn parameters(&self) -> Vec<Param> {
-        let mut p = vec![self.weight.clone()];
-        p.extend(self.bias.clone());
-        p
+        weight_and_bias(&self.weight, &self.bias)
     }
 }
 
@@ -155,21 +169,8 @@ impl ConvTranspose2d {
         }
         let window = Window2d::new(kernel, options.stride, options.padding, options.dilation)?;
         let fan_in = out_channels * kernel[0] * kernel[1];
-        let bound = 1.0 / (fan_in as f64).sqrt();
-        let mut rng = SplitMix64::new(seed);
-        let weight = uniform_param(
-            device,
-            "weight",
-            &[in_channels, out_channels, kernel[0], kernel[1]],
-            bound,
-            &mut rng,
-            DType::F32,
-        )?;
-        let bias = if options.bias {
-            Some(uniform_param(device, "bias", &[out_channels], bound, &mut rng, DType::F32)?)
-        } else {
-            None
-        };
+        let weight_dims = [in_channels, out_channels, kernel[0], kernel[1]];
+        let (weight, bias) = conv_params(device, weight_dims, fan_in, options.bias, out_channels, seed)?;
         Ok(ConvTranspose2d { weight, bias, in_channels, out_channels, kernel, window, output_padding })
     }
 }
@@ -193,15 +194,10 @@ impl Module for ConvTranspose2d {
         // [in, out·k]ᵀ · [N, in, H·W] → [N, out·k, H·W], then fold.
         let cols = weight.matmul_t(x.reshape_to(&[n, self.in_channels, h * w])?, true, false)?;
         let y = cols.col2im([oh, ow], self.window)?;
-        match &self.bias {
-            Some(b) => y.add(graph.param(b)?.reshape_to(&[1, self.out_channels, 1, 1])?),
-            None => Ok(y),
-        }
+        add_bias(y, &self.bias, self.out_channels)
     }
     fn parameters(&self) -> Vec<Param> {
-        let mut p = vec![self.weight.clone()];
-        p.extend(self.bias.clone());
-        p
+        weight_and_bias(&self.weight, &self.bias)
     }
 }
 
