@@ -74,47 +74,46 @@ fn random_vec(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect()
 }
 
-/// W1: MLP 784-512-512-10 training step, Adam, batch 128.
-pub fn w1_mlp_step(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
-    let model = Sequential::mlp(device, &[784, 512, 512, 10], Activation::Relu, 1)?;
+/// Times of training steps of `model` (forward, cross-entropy, backward,
+/// Adam at 1e-3, loss read back) on one fixed random batch of `batch`
+/// 784-pixel images and labels below 10, drawn from `seed` and `seed + 1`.
+fn training_steps(
+    device: &Device,
+    model: &Sequential,
+    batch: usize,
+    seed: u64,
+    warmup: usize,
+    counted: usize,
+) -> Result<Vec<f64>> {
     let mut optimizer = Adam::new(model.parameters(), 1e-3)?;
-    let images = random_vec(128 * 784, 2);
-    let mut rng = SplitMix64::new(3);
-    let labels: Vec<i32> = (0..128).map(|_| rng.below(10) as i32).collect();
+    let images = random_vec(batch * 784, seed);
+    let mut rng = SplitMix64::new(seed + 1);
+    let labels: Vec<i32> = (0..batch).map(|_| rng.below(10) as i32).collect();
     let mut graph = Graph::new(device);
-    let times = time_runs(20, counted, || {
+    time_runs(warmup, counted, || {
         graph.reset();
-        let x = graph.tensor_from(&images, &[128, 784])?;
-        let y = graph.tensor_from(&labels, &[128])?;
+        let x = graph.tensor_from(&images, &[batch, 784])?;
+        let y = graph.tensor_from(&labels, &[batch])?;
         let loss = cross_entropy(model.forward(x)?, y)?;
         optimizer.zero_grad();
         loss.backward()?;
         optimizer.step()?;
         loss.item_blocking()?;
         Ok(())
-    })?;
+    })
+}
+
+/// W1: MLP 784-512-512-10 training step, Adam, batch 128.
+pub fn w1_mlp_step(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
+    let model = Sequential::mlp(device, &[784, 512, 512, 10], Activation::Relu, 1)?;
+    let times = training_steps(device, &model, 128, 2, 20, counted)?;
     Ok(summarize("W1", backend, times, String::new()))
 }
 
 /// W2: CNN training step (BENCHMARKS.md), Adam, batch 64 of 28x28x1.
 pub fn w2_cnn_step(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
     let model = crate::models::cnn(device, [1, 28, 28], 10, 1)?;
-    let mut optimizer = Adam::new(model.parameters(), 1e-3)?;
-    let images = random_vec(64 * 784, 7);
-    let mut rng = SplitMix64::new(8);
-    let labels: Vec<i32> = (0..64).map(|_| rng.below(10) as i32).collect();
-    let mut graph = Graph::new(device);
-    let times = time_runs(5, counted, || {
-        graph.reset();
-        let x = graph.tensor_from(&images, &[64, 784])?;
-        let y = graph.tensor_from(&labels, &[64])?;
-        let loss = cross_entropy(model.forward(x)?, y)?;
-        optimizer.zero_grad();
-        loss.backward()?;
-        optimizer.step()?;
-        loss.item_blocking()?;
-        Ok(())
-    })?;
+    let times = training_steps(device, &model, 64, 7, 5, counted)?;
     Ok(summarize("W2", backend, times, String::new()))
 }
 
