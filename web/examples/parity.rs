@@ -28,6 +28,9 @@ fn main() -> kiln_core::Result<()> {
         losses.push(pollster::block_on(loss.item())?);
     }
     let list: Vec<String> = losses.iter().map(|l| format!("{l:.9}")).collect();
-    println!("{{\"run\":\"digits mlp 64-32-10 seed 3, adam 0.01, batch 32, shuffle seed 5, 25 steps\",\"losses\":[{}]}}", list.join(","));
+    println!(
+        "{{\"run\":\"digits mlp 64-32-10 seed 3, adam 0.01, batch 32, shuffle seed 5, 25 steps\",\"losses\":[{}]}}",
+        list.join(",")
+    );
     Ok(())
 }

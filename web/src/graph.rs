@@ -140,7 +140,10 @@ impl Graph {
     }
 
     /// Run `f` on the live graph and register the tensor it returns.
-    pub(crate) fn make(&self, f: impl FnOnce(&'static CoreGraph) -> kiln_core::Result<CoreTensor<'static>>) -> Res<Tensor> {
+    pub(crate) fn make(
+        &self,
+        f: impl FnOnce(&'static CoreGraph) -> kiln_core::Result<CoreTensor<'static>>,
+    ) -> Res<Tensor> {
         let slot = self.shared.current()?;
         let tensor = f(slot.graph())?;
         Ok(self.shared.register(&slot, tensor))
@@ -210,7 +213,10 @@ impl Tensor {
     }
 
     /// Apply a core op to this tensor and register the result.
-    pub(crate) fn map(&self, f: impl FnOnce(CoreTensor<'static>) -> kiln_core::Result<CoreTensor<'static>>) -> Res<Tensor> {
+    pub(crate) fn map(
+        &self,
+        f: impl FnOnce(CoreTensor<'static>) -> kiln_core::Result<CoreTensor<'static>>,
+    ) -> Res<Tensor> {
         let (slot, t) = self.resolve()?;
         let out = f(t)?;
         Ok(self.graph.register(&slot, out))
@@ -300,7 +306,9 @@ impl Future for ReadFuture {
     type Output = Res<HostData>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Res<HostData>> {
         match self.get_mut() {
-            ReadFuture::Done(result) => Poll::Ready(result.take().expect("polled after completion").map_err(Into::into)),
+            ReadFuture::Done(result) => {
+                Poll::Ready(result.take().expect("polled after completion").map_err(Into::into))
+            }
             ReadFuture::Pending(future) => future.as_mut().poll(cx).map(|r| r.map_err(Into::into)),
         }
     }

@@ -519,4 +519,3 @@ impl Adam {
         Ok(Adam { inner })
     }
 }
-

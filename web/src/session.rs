@@ -84,7 +84,11 @@ impl Kiln {
                     },
                 };
                 if preference == "webgpu" {
-                    return Err(KilnError::new("Backend", "Kiln.create", format!("Kiln.create: WebGPU was requested but {reason}")));
+                    return Err(KilnError::new(
+                        "Backend",
+                        "Kiln.create",
+                        format!("Kiln.create: WebGPU was requested but {reason}"),
+                    ));
                 }
                 Ok(Kiln::on_cpu(Some(reason), adapter))
             }
@@ -210,10 +214,10 @@ async fn probe_webgpu() -> WebGpuProbe {
         return WebGpuProbe::NoAdapter;
     }
     let info = Reflect::get(&adapter, &"info".into()).unwrap_or(JsValue::UNDEFINED);
-    let field = |name: &str| {
-        Reflect::get(&info, &name.into()).ok().and_then(|v| v.as_string()).filter(|s| !s.is_empty())
-    };
-    let parts: Vec<String> = ["vendor", "architecture", "device", "description"].iter().filter_map(|n| field(n)).collect();
+    let field =
+        |name: &str| Reflect::get(&info, &name.into()).ok().and_then(|v| v.as_string()).filter(|s| !s.is_empty());
+    let parts: Vec<String> =
+        ["vendor", "architecture", "device", "description"].iter().filter_map(|n| field(n)).collect();
     WebGpuProbe::Adapter(if parts.is_empty() { "unnamed adapter".into() } else { parts.join(", ") })
 }
 
@@ -266,11 +270,16 @@ pub async fn self_test(device: &Device) -> Result<(), String> {
 #[cfg(all(feature = "webgpu", target_arch = "wasm32"))]
 async fn start_webgpu() -> Result<Kiln, String> {
     let options = kiln_wgsl::WgpuOptions::with_backends(kiln_wgsl::wgpu::Backends::BROWSER_WEBGPU);
-    let backend = kiln_wgsl::WgpuBackend::new(options)
-        .await
-        .map_err(|e| format!("starting the wgpu backend failed: {e}"))?;
+    let backend =
+        kiln_wgsl::WgpuBackend::new(options).await.map_err(|e| format!("starting the wgpu backend failed: {e}"))?;
     let s = backend.summary();
-    let info = format!("webgpu: {} ({}, {}{})", s.name, s.backend, s.device_type, if s.driver.is_empty() { String::new() } else { format!(", {}", s.driver) });
+    let info = format!(
+        "webgpu: {} ({}, {}{})",
+        s.name,
+        s.backend,
+        s.device_type,
+        if s.driver.is_empty() { String::new() } else { format!(", {}", s.driver) }
+    );
     let device = Device::from_backend(backend);
     self_test(&device).await.map_err(|e| format!("kiln's WebGPU self-test failed, so the CPU is used: {e}"))?;
     Ok(Kiln { device, kind: "webgpu", info: info.clone(), fallback: None, adapter: Some(info) })

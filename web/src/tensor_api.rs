@@ -29,7 +29,6 @@ extern "C" {
     #[wasm_bindgen(typescript_type = "Float32Array | Int32Array | Float64Array | Uint8Array | number[]")]
     pub type HostArray;
 
-
     /// A shape or a list of axes/indices.
     #[wasm_bindgen(typescript_type = "number[]")]
     pub type IntList;
@@ -116,7 +115,10 @@ pub(crate) fn host_from_js(op: &'static str, value: &JsValue) -> Res<HostData> {
     } else {
         Err(KilnError::argument(
             op,
-            format!("expected a Float32Array, Int32Array, Float64Array, Uint8Array or number[], got {}", describe(value)),
+            format!(
+                "expected a Float32Array, Int32Array, Float64Array, Uint8Array or number[], got {}",
+                describe(value)
+            ),
         ))
     }
 }
@@ -477,7 +479,6 @@ macro_rules! reductions {
     };
 }
 
-
 reductions! {
     /// Sum over `axes` (all axes when omitted, giving a rank-0 tensor).
     "sum" sum => sum, sum_all,
@@ -719,4 +720,3 @@ impl Tensor {
         Ok(other.resolve()?.1)
     }
 }
-
