@@ -243,6 +243,22 @@ fn zip3<T: Scalar>(
         });
         return Ok(());
     }
+    // A full condition with one full branch and one scalar (relu's and the
+    // maximum/minimum gradients: where(mask, g, 0)): no stride arithmetic.
+    if c.len() == n && n > 1 && (a.len() == n || a.len() == 1) && (b.len() == n || b.len() == 1) {
+        let (full_a, full_b) = (a.len() == n, b.len() == n);
+        for_chunks(out, 1, |s, o| {
+            for (j, o) in o.iter_mut().enumerate() {
+                let i = s + j;
+                *o = if c[i] != 0 {
+                    a[if full_a { i } else { 0 }]
+                } else {
+                    b[if full_b { i } else { 0 }]
+                };
+            }
+        });
+        return Ok(());
+    }
     let st = Strided::<3>::new(od, [&sc, &sa, &sb], [0, 0, 0]);
     let [ic, ia, ib] = st.inner_strides;
     st.fill(out, |row, [oc, oa, ob]| {
