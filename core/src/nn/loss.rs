@@ -30,12 +30,8 @@ fn check_logits_labels(op: &'static str, logits: &Tensor<'_>, labels: &Tensor<'_
 /// validate labels when loading data.)
 #[track_caller]
 pub fn cross_entropy<'g>(logits: Tensor<'g>, labels: Tensor<'g>) -> Result<Tensor<'g>> {
-    let (_, classes) = check_logits_labels("cross_entropy", &logits, &labels)?;
-    nll_loss(logits.log_softmax(-1)?, labels).map_err(|e| rename(e, "cross_entropy", classes))
-}
-
-fn rename(e: Error, _op: &'static str, _classes: usize) -> Error {
-    e
+    check_logits_labels("cross_entropy", &logits, &labels)?;
+    nll_loss(logits.log_softmax(-1)?, labels)
 }
 
 /// Mean cross-entropy against target probabilities [N, C] (rows sum to 1).
