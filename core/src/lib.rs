@@ -7,6 +7,7 @@
 
 pub mod autograd;
 pub mod backend;
+pub mod checkpoint;
 pub mod coverage;
 pub mod data;
 pub mod device;

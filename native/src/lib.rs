@@ -34,6 +34,7 @@
 pub use kiln_core::*;
 
 pub mod bench;
+pub mod checkpoint;
 pub mod devices;
 pub mod models;
 pub mod train;

@@ -181,6 +181,25 @@ impl Module for Sequential {
     fn parameters(&self) -> Vec<Param> {
         self.layers.iter().flat_map(|l| l.parameters()).collect()
     }
+    /// "{index}.{key}" for each layer's keys, as torch.nn.Sequential.
+    fn named_parameters(&self) -> Vec<(String, Param)> {
+        prefixed(&self.layers, |l| l.named_parameters())
+    }
+    fn buffers(&self) -> Vec<Param> {
+        self.layers.iter().flat_map(|l| l.buffers()).collect()
+    }
+    fn named_buffers(&self) -> Vec<(String, Param)> {
+        prefixed(&self.layers, |l| l.named_buffers())
+    }
+}
+
+/// Each layer's named entries with the layer's index in front.
+fn prefixed(layers: &[Box<dyn Module>], entries: impl Fn(&dyn Module) -> Vec<(String, Param)>) -> Vec<(String, Param)> {
+    let mut out = Vec::new();
+    for (i, layer) in layers.iter().enumerate() {
+        out.extend(entries(layer.as_ref()).into_iter().map(|(key, p)| (format!("{i}.{key}"), p)));
+    }
+    out
 }
 
 /// Zeroes each element with probability `p` in training mode and scales the

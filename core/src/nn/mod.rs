@@ -23,6 +23,26 @@ pub trait Module {
     /// on it).
     fn parameters(&self) -> Vec<Param>;
 
+    /// Every parameter with its key in a checkpoint, PyTorch's `state_dict`
+    /// naming: by default each parameter's own name ("weight", "bias");
+    /// containers prefix their children's keys ("0.weight" in a
+    /// `Sequential`). Same order as `parameters()`.
+    fn named_parameters(&self) -> Vec<(String, Param)> {
+        self.parameters().into_iter().map(|p| (p.name(), p)).collect()
+    }
+
+    /// Non-trainable state that a checkpoint keeps (PyTorch's buffers, such
+    /// as batch-norm running statistics). Not in `parameters()`, so no
+    /// optimizer touches it.
+    fn buffers(&self) -> Vec<Param> {
+        Vec::new()
+    }
+
+    /// `buffers()` with their checkpoint keys, named like `named_parameters`.
+    fn named_buffers(&self) -> Vec<(String, Param)> {
+        self.buffers().into_iter().map(|p| (p.name(), p)).collect()
+    }
+
     /// Drop every parameter's accumulated gradient.
     fn zero_grad(&self) {
         for p in self.parameters() {

@@ -150,6 +150,12 @@ impl Module for BatchNorm2d {
     fn parameters(&self) -> Vec<Param> {
         vec![self.weight.clone(), self.bias.clone()]
     }
+    /// The running statistics ("running_mean", "running_var"). PyTorch also
+    /// keeps "num_batches_tracked", which kiln does not track (its momentum
+    /// is always a number, so the count never matters).
+    fn buffers(&self) -> Vec<Param> {
+        vec![self.running_mean.clone(), self.running_var.clone()]
+    }
     fn set_training(&self, training: bool) {
         self.training.set(training);
     }

@@ -37,6 +37,42 @@ impl StateBuffers {
         Ok(StateBuffers { param: param.clone(), buffers })
     }
 
+    /// Every state buffer's values, in slot order.
+    async fn read(&self) -> Result<Vec<HostData>> {
+        let p = &self.param;
+        let mut out = Vec::with_capacity(self.buffers.len());
+        for &b in &self.buffers {
+            out.push(p.device().backend().read(b, p.dtype(), p.numel()).await?);
+        }
+        Ok(out)
+    }
+
+    /// Overwrite the state buffers (one value per slot, the parameter's
+    /// dtype and size); checked by `check` first.
+    fn write(&self, values: &[HostData]) -> Result<()> {
+        for (&b, data) in self.buffers.iter().zip(values) {
+            self.param.device().backend().upload(b, data)?;
+        }
+        Ok(())
+    }
+
+    /// Why `values` cannot be this parameter's state, if it cannot.
+    fn check(&self, values: &[HostData]) -> Option<String> {
+        if values.len() != self.buffers.len() {
+            return Some(format!("{} state buffers, expected {}", values.len(), self.buffers.len()));
+        }
+        let p = &self.param;
+        values.iter().find(|v| v.dtype() != p.dtype() || v.len() != p.numel()).map(|v| {
+            format!(
+                "a state buffer of {} {} values for a {} parameter of {} values",
+                v.len(),
+                v.dtype(),
+                p.dtype(),
+                p.numel()
+            )
+        })
+    }
+
     fn apply(&self, update: &ParamUpdate) -> Result<()> {
         let p = &self.param;
         let Some(grad) = p.grad_buffer() else { return Ok(()) };
@@ -52,6 +88,58 @@ impl Drop for StateBuffers {
             self.param.device().give_back(b, self.param.dtype(), self.param.numel());
         }
     }
+}
+
+/// What a checkpoint reads from and restores into an optimizer
+/// (`kiln_core::checkpoint::save_optimizer`): the step count, the
+/// hyper-parameters and each parameter's state buffers, named as in
+/// PyTorch's optimizer state ("exp_avg", "exp_avg_sq", "momentum_buffer").
+pub trait OptimizerState: Optimizer {
+    /// "Adam" or "Sgd".
+    fn kind(&self) -> &'static str;
+    /// Names of the per-parameter state buffers, in slot order (empty for
+    /// plain SGD, which keeps none).
+    fn slot_names(&self) -> &'static [&'static str];
+    /// The parameters, in the order the optimizer was given them.
+    fn params(&self) -> Vec<Param>;
+    /// Steps taken so far (0 for SGD, whose update does not depend on it).
+    fn step_count(&self) -> u64;
+    fn set_step_count(&mut self, step: u64);
+    /// Hyper-parameters as (name, value), for a checkpoint's metadata.
+    fn hyper_parameters(&self) -> Vec<(&'static str, f64)>;
+    /// Each parameter's state buffers, in slot order.
+    fn read_state(&self) -> impl std::future::Future<Output = Result<Vec<Vec<HostData>>>>;
+    /// Overwrite every parameter's state buffers; checks all of them before
+    /// writing any.
+    fn write_state(&mut self, state: &[Vec<HostData>]) -> Result<()>;
+}
+
+async fn read_all(state: &[StateBuffers]) -> Result<Vec<Vec<HostData>>> {
+    let mut out = Vec::with_capacity(state.len());
+    for s in state {
+        out.push(s.read().await?);
+    }
+    Ok(out)
+}
+
+#[track_caller]
+fn write_all(op: &'static str, state: &[StateBuffers], values: &[Vec<HostData>]) -> Result<()> {
+    if values.len() != state.len() {
+        return Err(Error::invalid(
+            op,
+            format!("state for {} parameters, the optimizer has {}", values.len(), state.len()),
+        ));
+    }
+    let problems: Vec<String> = state
+        .iter()
+        .zip(values)
+        .enumerate()
+        .filter_map(|(i, (s, v))| s.check(v).map(|why| format!("parameter {i} ('{}'): {why}", s.param.name())))
+        .collect();
+    if !problems.is_empty() {
+        return Err(Error::shape(op, problems.join("; ")));
+    }
+    state.iter().zip(values).try_for_each(|(s, v)| s.write(v))
 }
 
 fn check_hyper(op: &'static str, name: &str, value: f64, ok: bool) -> Result<()> {
@@ -182,5 +270,77 @@ impl Optimizer for Adam {
     }
     fn set_learning_rate(&mut self, lr: f64) {
         self.lr = lr;
+    }
+}
+
+impl OptimizerState for Sgd {
+    fn kind(&self) -> &'static str {
+        "Sgd"
+    }
+    fn slot_names(&self) -> &'static [&'static str] {
+        // Buffers exist when the optimizer was built with momentum.
+        if self.state.iter().any(|s| !s.buffers.is_empty()) {
+            &["momentum_buffer"]
+        } else {
+            &[]
+        }
+    }
+    fn params(&self) -> Vec<Param> {
+        self.state.iter().map(|s| s.param.clone()).collect()
+    }
+    fn step_count(&self) -> u64 {
+        0
+    }
+    fn set_step_count(&mut self, _step: u64) {}
+    fn hyper_parameters(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("lr", self.lr),
+            ("momentum", self.momentum),
+            ("dampening", self.dampening),
+            ("weight_decay", self.weight_decay),
+            ("nesterov", if self.nesterov { 1.0 } else { 0.0 }),
+        ]
+    }
+    async fn read_state(&self) -> Result<Vec<Vec<HostData>>> {
+        read_all(&self.state).await
+    }
+    #[track_caller]
+    fn write_state(&mut self, state: &[Vec<HostData>]) -> Result<()> {
+        write_all("Sgd::write_state", &self.state, state)
+    }
+}
+
+impl OptimizerState for Adam {
+    fn kind(&self) -> &'static str {
+        "Adam"
+    }
+    fn slot_names(&self) -> &'static [&'static str] {
+        &["exp_avg", "exp_avg_sq"]
+    }
+    fn params(&self) -> Vec<Param> {
+        self.state.iter().map(|s| s.param.clone()).collect()
+    }
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+    fn set_step_count(&mut self, step: u64) {
+        self.step = step;
+    }
+    fn hyper_parameters(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("lr", self.lr),
+            ("beta1", self.beta1),
+            ("beta2", self.beta2),
+            ("eps", self.eps),
+            ("weight_decay", self.weight_decay),
+            ("decoupled_weight_decay", if self.decoupled_weight_decay { 1.0 } else { 0.0 }),
+        ]
+    }
+    async fn read_state(&self) -> Result<Vec<Vec<HostData>>> {
+        read_all(&self.state).await
+    }
+    #[track_caller]
+    fn write_state(&mut self, state: &[Vec<HostData>]) -> Result<()> {
+        write_all("Adam::write_state", &self.state, state)
     }
 }

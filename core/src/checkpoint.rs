@@ -1,0 +1,283 @@
+//! Checkpoints: a module's parameters and buffers, and an optimizer's state,
+//! as safetensors bytes.
+//!
+//! A model's file holds one tensor per `Module::named_parameters` and
+//! `Module::named_buffers` entry, keyed as PyTorch's `state_dict` (an MLP
+//! built with `Sequential` has "0.weight", "0.bias", "2.weight", ...), in
+//! the parameters' dtype (F32, or F64 for f64 models), little-endian, with
+//! `{"format": "pt"}` metadata. `safetensors.torch.load_file` followed by
+//! `load_state_dict` reads it into the equivalent torch model. One known
+//! difference: PyTorch's BatchNorm also has a "num_batches_tracked" counter,
+//! which kiln does not keep; PyTorch fills it in when it is missing from a
+//! plain dict, and `load_state` ignores it in files written by PyTorch.
+//!
+//! An optimizer's file (`save_optimizer`) holds "optimizer.{i}.{slot}" per
+//! parameter i (slots "exp_avg"/"exp_avg_sq" for Adam, "momentum_buffer"
+//! for SGD with momentum) and, in the safetensors `__metadata__`, the kind,
+//! the step count and the hyper-parameters.
+//!
+//! These functions work on bytes so that the browser can use them; the
+//! `kiln` crate writes files atomically (`kiln::checkpoint`).
+
+use std::collections::{HashMap, HashSet};
+
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::dtype::HostData;
+use crate::error::{Error, Result};
+use crate::nn::Module;
+use crate::optim::OptimizerState;
+use crate::param::Param;
+use crate::shape::fmt_dims;
+
+/// Everything a module's checkpoint holds: `named_parameters()` then
+/// `named_buffers()`.
+pub fn named_state(module: &dyn Module) -> Vec<(String, Param)> {
+    let mut entries = module.named_parameters();
+    entries.extend(module.named_buffers());
+    entries
+}
+
+/// The module's parameters and buffers as a safetensors file's bytes.
+#[track_caller]
+pub fn save_state(module: &dyn Module) -> impl std::future::Future<Output = Result<Vec<u8>>> + '_ {
+    let location = std::panic::Location::caller();
+    async move {
+        let entries = named_state(module);
+        let mut seen = HashSet::new();
+        if let Some((key, _)) = entries.iter().find(|(key, _)| !seen.insert(key.as_str())) {
+            return Err(Error::invalid(
+                "checkpoint::save_state",
+                format!(
+                    "two entries share the key '{key}': a module that holds other modules must override \
+                     named_parameters/named_buffers to prefix their keys"
+                ),
+            )
+            .at(location));
+        }
+        let mut tensors = Vec::with_capacity(entries.len());
+        for (key, param) in &entries {
+            let data = param.value().await.map_err(|e| e.at(location))?;
+            tensors.push((key.clone(), param.dims().to_vec(), data));
+        }
+        let mut metadata = HashMap::new();
+        metadata.insert("format".to_string(), "pt".to_string());
+        serialize("checkpoint::save_state", &tensors, metadata).map_err(|e| e.at(location))
+    }
+}
+
+/// Load a safetensors file's bytes into the module. Every parameter and
+/// buffer must be present with its shape and dtype, and the file must hold
+/// nothing else; otherwise the error lists every missing, unexpected and
+/// mismatched key and the module is left unchanged.
+#[track_caller]
+pub fn load_state(module: &dyn Module, bytes: &[u8]) -> Result<()> {
+    const OP: &str = "checkpoint::load_state";
+    let file = parse(OP, bytes)?;
+    let entries = named_state(module);
+    let expected: HashSet<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
+    let mut missing = Vec::new();
+    let mut mismatched = Vec::new();
+    let mut values = Vec::with_capacity(entries.len());
+    for (key, param) in &entries {
+        match file.tensor(key) {
+            Err(_) => missing.push(key.clone()),
+            Ok(view) => match host_data(&view) {
+                Some(data) if data.dtype() == param.dtype() && view.shape() == param.dims().as_slice() => {
+                    values.push((param, data))
+                }
+                _ => mismatched.push(format!(
+                    "'{key}': file has {} {}, module has {} {}",
+                    fmt_dims(view.shape()),
+                    view.dtype(),
+                    fmt_dims(&param.dims()),
+                    param.dtype()
+                )),
+            },
+        }
+    }
+    let mut unexpected: Vec<String> = file
+        .names()
+        .into_iter()
+        .filter(|name| !expected.contains(name) && !is_batch_count(name, &expected))
+        .map(str::to_string)
+        .collect();
+    unexpected.sort();
+    if !missing.is_empty() || !unexpected.is_empty() || !mismatched.is_empty() {
+        let mut parts = Vec::new();
+        if !missing.is_empty() {
+            parts.push(format!("missing keys {missing:?}"));
+        }
+        if !unexpected.is_empty() {
+            parts.push(format!("unexpected keys {unexpected:?}"));
+        }
+        if !mismatched.is_empty() {
+            parts.push(format!("mismatched {}", mismatched.join(", ")));
+        }
+        return Err(Error::invalid(
+            OP,
+            format!("the checkpoint does not match the module (nothing was loaded): {}", parts.join("; ")),
+        ));
+    }
+    for (param, data) in values {
+        param.set_value(&data)?;
+    }
+    Ok(())
+}
+
+/// PyTorch's "{prefix}num_batches_tracked" next to an expected
+/// "{prefix}running_mean": a counter kiln does not keep.
+fn is_batch_count(name: &str, expected: &HashSet<&str>) -> bool {
+    name.strip_suffix("num_batches_tracked")
+        .is_some_and(|prefix| expected.contains(format!("{prefix}running_mean").as_str()))
+}
+
+/// The optimizer's step count, hyper-parameters and per-parameter state
+/// buffers as a safetensors file's bytes.
+#[track_caller]
+pub fn save_optimizer<O: OptimizerState>(optimizer: &O) -> impl std::future::Future<Output = Result<Vec<u8>>> + '_ {
+    let location = std::panic::Location::caller();
+    async move {
+        let state = optimizer.read_state().await.map_err(|e| e.at(location))?;
+        let params = optimizer.params();
+        let slots = optimizer.slot_names();
+        let mut tensors = Vec::new();
+        for (i, (param, buffers)) in params.iter().zip(state).enumerate() {
+            for (slot, data) in slots.iter().zip(buffers) {
+                tensors.push((format!("optimizer.{i}.{slot}"), param.dims().to_vec(), data));
+            }
+        }
+        let mut metadata = HashMap::new();
+        metadata.insert("optimizer".to_string(), optimizer.kind().to_string());
+        metadata.insert("step".to_string(), optimizer.step_count().to_string());
+        metadata.insert("params".to_string(), params.len().to_string());
+        for (name, value) in optimizer.hyper_parameters() {
+            metadata.insert(name.to_string(), value.to_string());
+        }
+        serialize("checkpoint::save_optimizer", &tensors, metadata).map_err(|e| e.at(location))
+    }
+}
+
+/// Restore an optimizer from `save_optimizer`'s bytes: the state buffers,
+/// the step count and the learning rate (as PyTorch's `load_state_dict`
+/// does; the other hyper-parameters in the metadata are informational and
+/// keep the values the optimizer was built with). The optimizer must be of
+/// the same kind over parameters of the same shapes; otherwise nothing
+/// changes.
+#[track_caller]
+pub fn load_optimizer<O: OptimizerState>(optimizer: &mut O, bytes: &[u8]) -> Result<()> {
+    const OP: &str = "checkpoint::load_optimizer";
+    let (_, header) =
+        SafeTensors::read_metadata(bytes).map_err(|e| Error::io(OP, format!("not a safetensors file: {e}")))?;
+    let empty = HashMap::new();
+    let metadata = header.metadata().as_ref().unwrap_or(&empty);
+    let field = |name: &str| {
+        metadata.get(name).ok_or_else(|| Error::invalid(OP, format!("the checkpoint's metadata has no '{name}'")))
+    };
+    let kind = field("optimizer")?;
+    if kind != optimizer.kind() {
+        return Err(Error::invalid(
+            OP,
+            format!("the checkpoint holds {kind} state, the optimizer is {}", optimizer.kind()),
+        ));
+    }
+    let step: u64 = field("step")?.parse().map_err(|_| Error::invalid(OP, "the metadata's 'step' is not a count"))?;
+    let lr: f64 = field("lr")?.parse().map_err(|_| Error::invalid(OP, "the metadata's 'lr' is not a number"))?;
+    let file = parse(OP, bytes)?;
+    let params = optimizer.params();
+    let slots = optimizer.slot_names();
+    let mut expected = HashSet::new();
+    let mut missing = Vec::new();
+    let mut mismatched = Vec::new();
+    let mut state = Vec::with_capacity(params.len());
+    for (i, param) in params.iter().enumerate() {
+        let mut buffers = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let key = format!("optimizer.{i}.{slot}");
+            match file.tensor(&key) {
+                Err(_) => missing.push(key.clone()),
+                Ok(view) => match host_data(&view) {
+                    Some(data) if data.dtype() == param.dtype() && view.shape() == param.dims().as_slice() => {
+                        buffers.push(data)
+                    }
+                    _ => mismatched.push(format!(
+                        "'{key}': file has {} {}, parameter '{}' is {} {}",
+                        fmt_dims(view.shape()),
+                        view.dtype(),
+                        param.name(),
+                        fmt_dims(&param.dims()),
+                        param.dtype()
+                    )),
+                },
+            }
+            expected.insert(key);
+        }
+        state.push(buffers);
+    }
+    let mut unexpected: Vec<String> =
+        file.names().into_iter().filter(|name| !expected.contains(*name)).map(str::to_string).collect();
+    unexpected.sort();
+    if !missing.is_empty() || !unexpected.is_empty() || !mismatched.is_empty() {
+        let mut parts = Vec::new();
+        if !missing.is_empty() {
+            parts.push(format!("missing keys {missing:?}"));
+        }
+        if !unexpected.is_empty() {
+            parts.push(format!("unexpected keys {unexpected:?}"));
+        }
+        if !mismatched.is_empty() {
+            parts.push(format!("mismatched {}", mismatched.join(", ")));
+        }
+        return Err(Error::invalid(
+            OP,
+            format!("the checkpoint does not match the optimizer (nothing was loaded): {}", parts.join("; ")),
+        ));
+    }
+    optimizer.write_state(&state)?;
+    optimizer.set_step_count(step);
+    optimizer.set_learning_rate(lr);
+    Ok(())
+}
+
+fn parse<'a>(op: &'static str, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes).map_err(|e| Error::io(op, format!("not a safetensors file: {e}")))
+}
+
+/// (key, dims, values) entries as safetensors bytes.
+fn serialize(
+    op: &'static str,
+    tensors: &[(String, Vec<usize>, HostData)],
+    metadata: HashMap<String, String>,
+) -> Result<Vec<u8>> {
+    let raw: Vec<(Dtype, Vec<u8>)> = tensors.iter().map(|(_, _, data)| le_bytes(data)).collect();
+    let mut views = Vec::with_capacity(tensors.len());
+    for ((key, dims, _), (dtype, bytes)) in tensors.iter().zip(&raw) {
+        let view = TensorView::new(*dtype, dims.clone(), bytes)
+            .map_err(|e| Error::invalid(op, format!("tensor '{key}': {e}")))?;
+        views.push((key.as_str(), view));
+    }
+    safetensors::serialize(views, Some(metadata)).map_err(|e| Error::invalid(op, e.to_string()))
+}
+
+/// Values as safetensors' little-endian bytes.
+fn le_bytes(data: &HostData) -> (Dtype, Vec<u8>) {
+    match data {
+        HostData::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::F64(v) => (Dtype::F64, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::I32(v) => (Dtype::I32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::Bool(v) => (Dtype::BOOL, v.iter().map(|&b| b as u8).collect()),
+    }
+}
+
+/// A tensor's values, or None for a dtype kiln has no counterpart of.
+fn host_data(view: &TensorView<'_>) -> Option<HostData> {
+    let bytes = view.data();
+    Some(match view.dtype() {
+        Dtype::F32 => HostData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+        Dtype::F64 => HostData::F64(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()),
+        Dtype::I32 => HostData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
+        Dtype::BOOL => HostData::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        _ => return None,
+    })
+}
