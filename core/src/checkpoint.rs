@@ -11,7 +11,7 @@
 //! which kiln does not keep; PyTorch fills it in when it is missing from a
 //! plain dict, and `load_state` ignores it in files written by PyTorch.
 //!
-//! An optimizer's file (`save_optimizer`) holds "optimizer.{i}.{slot}" per
+//! An optimizer's file (`save_optimizer_state`) holds "optimizer.{i}.{slot}" per
 //! parameter i (slots "exp_avg"/"exp_avg_sq" for Adam, "momentum_buffer"
 //! for SGD with momentum) and, in the safetensors `__metadata__`, the kind,
 //! the step count and the hyper-parameters.
@@ -90,7 +90,7 @@ pub fn load_state(module: &dyn Module, bytes: &[u8]) -> Result<()> {
                 _ => mismatched.push(format!(
                     "'{key}': file has {} {}, module has {} {}",
                     fmt_dims(view.shape()),
-                    view.dtype(),
+                    dtype_name(view.dtype()),
                     fmt_dims(&param.dims()),
                     param.dtype()
                 )),
@@ -136,7 +136,9 @@ fn is_batch_count(name: &str, expected: &HashSet<&str>) -> bool {
 /// The optimizer's step count, hyper-parameters and per-parameter state
 /// buffers as a safetensors file's bytes.
 #[track_caller]
-pub fn save_optimizer<O: OptimizerState>(optimizer: &O) -> impl std::future::Future<Output = Result<Vec<u8>>> + '_ {
+pub fn save_optimizer_state<O: OptimizerState>(
+    optimizer: &O,
+) -> impl std::future::Future<Output = Result<Vec<u8>>> + '_ {
     let location = std::panic::Location::caller();
     async move {
         let state = optimizer.read_state().await.map_err(|e| e.at(location))?;
@@ -155,19 +157,19 @@ pub fn save_optimizer<O: OptimizerState>(optimizer: &O) -> impl std::future::Fut
         for (name, value) in optimizer.hyper_parameters() {
             metadata.insert(name.to_string(), value.to_string());
         }
-        serialize("checkpoint::save_optimizer", &tensors, metadata).map_err(|e| e.at(location))
+        serialize("checkpoint::save_optimizer_state", &tensors, metadata).map_err(|e| e.at(location))
     }
 }
 
-/// Restore an optimizer from `save_optimizer`'s bytes: the state buffers,
+/// Restore an optimizer from `save_optimizer_state`'s bytes: the state buffers,
 /// the step count and the learning rate (as PyTorch's `load_state_dict`
 /// does; the other hyper-parameters in the metadata are informational and
 /// keep the values the optimizer was built with). The optimizer must be of
 /// the same kind over parameters of the same shapes; otherwise nothing
 /// changes.
 #[track_caller]
-pub fn load_optimizer<O: OptimizerState>(optimizer: &mut O, bytes: &[u8]) -> Result<()> {
-    const OP: &str = "checkpoint::load_optimizer";
+pub fn load_optimizer_state<O: OptimizerState>(optimizer: &mut O, bytes: &[u8]) -> Result<()> {
+    const OP: &str = "checkpoint::load_optimizer_state";
     let (_, header) =
         SafeTensors::read_metadata(bytes).map_err(|e| Error::io(OP, format!("not a safetensors file: {e}")))?;
     let empty = HashMap::new();
@@ -204,7 +206,7 @@ pub fn load_optimizer<O: OptimizerState>(optimizer: &mut O, bytes: &[u8]) -> Res
                     _ => mismatched.push(format!(
                         "'{key}': file has {} {}, parameter '{}' is {} {}",
                         fmt_dims(view.shape()),
-                        view.dtype(),
+                        dtype_name(view.dtype()),
                         param.name(),
                         fmt_dims(&param.dims()),
                         param.dtype()
@@ -280,4 +282,16 @@ fn host_data(view: &TensorView<'_>) -> Option<HostData> {
         Dtype::BOOL => HostData::Bool(bytes.iter().map(|&b| b != 0).collect()),
         _ => return None,
     })
+}
+
+/// A stored dtype in kiln's words where kiln has it ("f32"), else in
+/// safetensors' ("F16").
+fn dtype_name(dtype: Dtype) -> String {
+    match dtype {
+        Dtype::F32 => "f32".into(),
+        Dtype::F64 => "f64".into(),
+        Dtype::I32 => "i32".into(),
+        Dtype::BOOL => "bool".into(),
+        other => other.to_string(),
+    }
 }

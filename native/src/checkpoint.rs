@@ -8,7 +8,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use kiln_core::checkpoint::{load_optimizer as load_optimizer_bytes, load_state, named_state, save_state};
+/// The byte-level functions (what the browser uses), re-exported.
+pub use kiln_core::checkpoint::{load_optimizer_state, load_state, named_state, save_optimizer_state, save_state};
 use kiln_core::nn::Module;
 use kiln_core::optim::OptimizerState;
 use kiln_core::{Error, Result};
@@ -35,7 +36,7 @@ pub fn load(path: impl AsRef<Path>, module: &dyn Module) -> Result<()> {
 /// buffers) to `path`.
 #[track_caller]
 pub fn save_optimizer<O: OptimizerState>(path: impl AsRef<Path>, optimizer: &O) -> Result<()> {
-    let bytes = pollster::block_on(kiln_core::checkpoint::save_optimizer(optimizer))?;
+    let bytes = pollster::block_on(save_optimizer_state(optimizer))?;
     write_atomic("checkpoint::save_optimizer", path.as_ref(), &bytes)
 }
 
@@ -45,7 +46,7 @@ pub fn load_optimizer<O: OptimizerState>(path: impl AsRef<Path>, optimizer: &mut
     let path = path.as_ref();
     let bytes =
         fs::read(path).map_err(|e| Error::io("checkpoint::load_optimizer", format!("{}: {e}", path.display())))?;
-    load_optimizer_bytes(optimizer, &bytes)
+    load_optimizer_state(optimizer, &bytes)
 }
 
 /// Write `bytes` to `path` so that `path` holds either its old contents or

@@ -91,7 +91,7 @@ impl Drop for StateBuffers {
 }
 
 /// What a checkpoint reads from and restores into an optimizer
-/// (`kiln_core::checkpoint::save_optimizer`): the step count, the
+/// (`kiln_core::checkpoint::save_optimizer_state`): the step count, the
 /// hyper-parameters and each parameter's state buffers, named as in
 /// PyTorch's optimizer state ("exp_avg", "exp_avg_sq", "momentum_buffer").
 pub trait OptimizerState: Optimizer {
