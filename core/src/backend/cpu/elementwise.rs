@@ -250,11 +250,7 @@ fn zip3<T: Scalar>(
         for_chunks(out, 1, |s, o| {
             for (j, o) in o.iter_mut().enumerate() {
                 let i = s + j;
-                *o = if c[i] != 0 {
-                    a[if full_a { i } else { 0 }]
-                } else {
-                    b[if full_b { i } else { 0 }]
-                };
+                *o = if c[i] != 0 { a[if full_a { i } else { 0 }] } else { b[if full_b { i } else { 0 }] };
             }
         });
         return Ok(());
