@@ -87,6 +87,12 @@ struct TrainArgs {
     /// Where to write the loss/accuracy plot.
     #[arg(long, default_value = "kiln-train.png")]
     plot: PathBuf,
+    /// Save the trained model's parameters (safetensors, PyTorch state_dict keys).
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Start from parameters saved with --save (same --model/--hidden).
+    #[arg(long)]
+    load: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -135,6 +141,10 @@ fn train(args: TrainArgs) -> Result<()> {
         widths.push(split.train.classes);
         (models::mlp(&device, &widths, args.seed)?, format!("MLP {widths:?}"))
     };
+    if let Some(path) = &args.load {
+        kiln::checkpoint::load(path, &model)?;
+        println!("loaded {}", path.display());
+    }
     let lr = args.lr.unwrap_or(if digits { 3e-3 } else { 1e-3 });
     let mut optimizer = Adam::new(model.parameters(), lr)?;
     let config = TrainConfig {
@@ -186,6 +196,10 @@ fn train(args: TrainArgs) -> Result<()> {
     plot::write_training_curves(&args.plot, "kiln train", &report.losses, &report.test_accuracy)
         .map_err(|e| Error::io("train", e))?;
     println!("wrote {}", args.plot.display());
+    if let Some(path) = &args.save {
+        kiln::checkpoint::save(path, &model)?;
+        println!("saved the model to {}", path.display());
+    }
     Ok(())
 }
 
