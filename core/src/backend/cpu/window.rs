@@ -159,6 +159,30 @@ fn col2im_plane<T: super::scalar::Num>(g: &Geometry, columns: &[T], dst: &mut [T
 /// Position (y, x) of the first maximum of window (oy, ox), NaN winning.
 #[inline]
 fn window_argmax<T: Float>(g: &Geometry, plane: &[T], oy: usize, ox: usize) -> Option<usize> {
+    // Interior windows (the common case) need no padding checks.
+    let (top, left) = (oy * g.sh, ox * g.sw);
+    if top >= g.ph
+        && left >= g.pw
+        && top - g.ph + (g.kh - 1) * g.dh < g.h
+        && left - g.pw + (g.kw - 1) * g.dw < g.w
+    {
+        let origin = (top - g.ph) * g.w + (left - g.pw);
+        let (mut best_at, mut best) = (origin, plane[origin]);
+        for i in 0..g.kh {
+            let row = origin + i * g.dh * g.w;
+            for j in 0..g.kw {
+                let at = row + j * g.dw;
+                let v = plane[at];
+                if v.is_nan() {
+                    return Some(at);
+                }
+                if v > best {
+                    (best_at, best) = (at, v);
+                }
+            }
+        }
+        return Some(best_at);
+    }
     let mut best: Option<(usize, T)> = None;
     for i in 0..g.kh {
         let Some(y) = g.row(oy, i) else { continue };
