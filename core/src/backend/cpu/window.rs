@@ -161,11 +161,7 @@ fn col2im_plane<T: super::scalar::Num>(g: &Geometry, columns: &[T], dst: &mut [T
 fn window_argmax<T: Float>(g: &Geometry, plane: &[T], oy: usize, ox: usize) -> Option<usize> {
     // Interior windows (the common case) need no padding checks.
     let (top, left) = (oy * g.sh, ox * g.sw);
-    if top >= g.ph
-        && left >= g.pw
-        && top - g.ph + (g.kh - 1) * g.dh < g.h
-        && left - g.pw + (g.kw - 1) * g.dw < g.w
-    {
+    if top >= g.ph && left >= g.pw && top - g.ph + (g.kh - 1) * g.dh < g.h && left - g.pw + (g.kw - 1) * g.dw < g.w {
         let origin = (top - g.ph) * g.w + (left - g.pw);
         let (mut best_at, mut best) = (origin, plane[origin]);
         for i in 0..g.kh {
