@@ -104,22 +104,7 @@ pub fn load_state(module: &dyn Module, bytes: &[u8]) -> Result<()> {
         .map(str::to_string)
         .collect();
     unexpected.sort();
-    if !missing.is_empty() || !unexpected.is_empty() || !mismatched.is_empty() {
-        let mut parts = Vec::new();
-        if !missing.is_empty() {
-            parts.push(format!("missing keys {missing:?}"));
-        }
-        if !unexpected.is_empty() {
-            parts.push(format!("unexpected keys {unexpected:?}"));
-        }
-        if !mismatched.is_empty() {
-            parts.push(format!("mismatched {}", mismatched.join(", ")));
-        }
-        return Err(Error::invalid(
-            OP,
-            format!("the checkpoint does not match the module (nothing was loaded): {}", parts.join("; ")),
-        ));
-    }
+    check_match(OP, "module", &missing, &unexpected, &mismatched)?;
     for (param, data) in values {
         param.set_value(&data)?;
     }
@@ -220,22 +205,7 @@ pub fn load_optimizer_state<O: OptimizerState>(optimizer: &mut O, bytes: &[u8]) 
     let mut unexpected: Vec<String> =
         file.names().into_iter().filter(|name| !expected.contains(*name)).map(str::to_string).collect();
     unexpected.sort();
-    if !missing.is_empty() || !unexpected.is_empty() || !mismatched.is_empty() {
-        let mut parts = Vec::new();
-        if !missing.is_empty() {
-            parts.push(format!("missing keys {missing:?}"));
-        }
-        if !unexpected.is_empty() {
-            parts.push(format!("unexpected keys {unexpected:?}"));
-        }
-        if !mismatched.is_empty() {
-            parts.push(format!("mismatched {}", mismatched.join(", ")));
-        }
-        return Err(Error::invalid(
-            OP,
-            format!("the checkpoint does not match the optimizer (nothing was loaded): {}", parts.join("; ")),
-        ));
-    }
+    check_match(OP, "optimizer", &missing, &unexpected, &mismatched)?;
     optimizer.write_state(&state)?;
     optimizer.set_step_count(step);
     optimizer.set_learning_rate(lr);
@@ -294,4 +264,32 @@ fn dtype_name(dtype: Dtype) -> String {
         Dtype::BOOL => "bool".into(),
         other => other.to_string(),
     }
+}
+
+/// One error listing every missing, unexpected and mismatched key, if any.
+#[track_caller]
+fn check_match(
+    op: &'static str,
+    target: &str,
+    missing: &[String],
+    unexpected: &[String],
+    mismatched: &[String],
+) -> Result<()> {
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("missing keys {missing:?}"));
+    }
+    if !unexpected.is_empty() {
+        parts.push(format!("unexpected keys {unexpected:?}"));
+    }
+    if !mismatched.is_empty() {
+        parts.push(format!("mismatched {}", mismatched.join(", ")));
+    }
+    if parts.is_empty() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        op,
+        format!("the checkpoint does not match the {target} (nothing was loaded): {}", parts.join("; ")),
+    ))
 }
