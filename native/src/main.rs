@@ -270,7 +270,29 @@ fn list_devices() -> Result<()> {
     Ok(())
 }
 
+/// Mesa's Vulkan driver asks the Wayland client library for a display while
+/// wgpu looks for adapters, and on machines without a desktop session
+/// (servers, CI) that library prints "error: XDG_RUNTIME_DIR is invalid" —
+/// noise that reads like a kiln error. Point it at an empty private
+/// directory instead: the connection attempt then fails quietly. Done first
+/// thing in main, while the process is still single-threaded.
+fn quiet_display_probe() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join("kiln-xdg-runtime");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        }
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_display_probe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train(args),
