@@ -137,7 +137,7 @@ struct BenchArgs {
     /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
     #[arg(long, env = "KILN_DEVICE", default_value = "cpu")]
     device: String,
-    /// Workloads to run (W1, W2, W3, W4).
+    /// Workloads to run (W1, W2, W3, W4; with --distributed: allreduce, W1).
     #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
 }
@@ -366,7 +366,16 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             let world = kiln::distributed::World::init()?;
             let result = (|| {
                 let device = Device::from_name(&args.device)?;
-                kiln::distributed::bench::run(&world, &device, backend_label(&device))
+                let wants = |name: &str| args.workloads.iter().any(|w| w.eq_ignore_ascii_case(name));
+                // The default workload list means "everything".
+                let all = args.workloads.len() == 4 && wants("W1") && wants("W4");
+                kiln::distributed::bench::run(
+                    &world,
+                    &device,
+                    backend_label(&device),
+                    all || wants("allreduce"),
+                    all || wants("W1"),
+                )
             })();
             world.abort_on_error(result);
             return Ok(());

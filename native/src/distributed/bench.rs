@@ -47,21 +47,23 @@ pub fn all_reduce_sweep(comm: &Comm) -> Result<Vec<String>> {
     let mut lines = Vec::new();
     for bytes in SIZES {
         let len = bytes / 4;
-        let mut data: Vec<f32> = (0..len).map(|i| (i % 97) as f32 * 0.25 + comm.rank() as f32).collect();
-        let original = data.clone();
-        let mut buffers = BucketBuffers::new(len, n)?;
+        let data: Vec<f32> = (0..len).map(|i| (i % 97) as f32 * 0.25 + comm.rank() as f32).collect();
+        // Timed: the exchange of one bucket, as training runs it (the
+        // values stay in `send`, the sum lands in `out`).
+        let mut bucket = [BucketBuffers::new(len, n)?];
+        bucket[0].send[..len].copy_from_slice(&data);
         let reps = (256 << 20) / bytes;
         let reps = reps.clamp(5, 200);
         comm.barrier();
         let ours = time(2, reps, || {
-            data.copy_from_slice(&original);
-            comm.all_reduce_sum(&mut data, &mut buffers)
+            comm.all_reduce_buckets(&mut bucket);
+            Ok(())
         })?;
         let (median, min) = slowest_process_median(comm, &ours);
         let mut out = vec![0.0f32; len];
         comm.barrier();
         let theirs = time(2, reps, || {
-            comm.mpi_all_reduce_sum(&original, &mut out);
+            comm.mpi_all_reduce_sum(&data, &mut out);
             Ok(())
         })?;
         let (mpi_median, _) = slowest_process_median(comm, &theirs);
@@ -83,11 +85,11 @@ pub fn all_reduce_sweep(comm: &Comm) -> Result<Vec<String>> {
 /// W1 (MLP 784-512-512-10, Adam, global batch 128) with the batch split
 /// across the processes of `comm`: per-step milliseconds (slowest process)
 /// and the exchange time backward did not hide.
-pub fn w1_step(comm: &Comm, device: &Device, backend: &str, overlap: bool) -> Result<String> {
+pub fn w1_step(comm: &Comm, device: &Device, backend: &str, options: DataParallelOptions) -> Result<String> {
     let n = comm.size();
     let global = 128;
     let model = Sequential::mlp(device, &[784, 512, 512, 10], Activation::Relu, 1)?;
-    let mut ddp = DataParallel::new(comm, &model, DataParallelOptions { overlap, ..DataParallelOptions::default() })?;
+    let mut ddp = DataParallel::new(comm, &model, options)?;
     let mut optimizer = Adam::new(model.parameters(), 1e-3)?;
     let share = super::shard_range(global, comm.rank(), n);
     let local = share.len();
@@ -115,25 +117,34 @@ pub fn w1_step(comm: &Comm, device: &Device, backend: &str, overlap: bool) -> Re
     comm.all_sum_f64(&mut exposed_all);
     Ok(format!(
         "{{\"system\":\"kiln\",\"backend\":\"{backend}+mpi\",\"workload\":\"W1\",\"ranks\":{n},\"median_ms\":{:.4},\
-         \"min_ms\":{:.4},\"threads\":{},\"exchange_ms\":{:.4},\"buckets\":{},\"overlap\":{overlap},\
-         \"notes\":\"global batch 128 split across ranks; exchange_ms = mean exchange time not hidden by backward\"}}",
+         \"min_ms\":{:.4},\"threads\":{},\"exchange_ms\":{:.4},\"buckets\":{},\"bucket_bytes\":{},\
+         \"overlap\":{},\"notes\":\"global batch 128 split across ranks; exchange_ms = mean time from the end \
+         of backward to the averaged gradients being in place\"}}",
         median * 1e3,
         min * 1e3,
         rayon::current_num_threads(),
         exposed_all[0] / n as f64 * 1e3,
-        ddp.buckets()
+        ddp.buckets(),
+        options.bucket_bytes,
+        options.overlap
     ))
 }
 
-/// The whole `kiln bench --distributed`.
-pub fn run(world: &World, device: &Device, backend: &str) -> Result<()> {
+/// The whole `kiln bench --distributed`: `sweep` the all-reduce sizes,
+/// `w1` the training step at each process count.
+pub fn run(world: &World, device: &Device, backend: &str, sweep: bool, w1: bool) -> Result<()> {
     if world.is_root() {
         eprintln!("kiln bench --distributed: {} processes, {} each", world.size(), device.name());
     }
-    for line in all_reduce_sweep(world)? {
-        if world.is_root() {
-            println!("{line}");
+    if sweep {
+        for line in all_reduce_sweep(world)? {
+            if world.is_root() {
+                println!("{line}");
+            }
         }
+    }
+    if !w1 {
+        return Ok(());
     }
     let mut counts: Vec<usize> =
         std::iter::successors(Some(1usize), |&n| Some(n * 2)).take_while(|&n| n < world.size()).collect();
@@ -141,8 +152,13 @@ pub fn run(world: &World, device: &Device, backend: &str) -> Result<()> {
     for n in counts {
         // Ranks outside the first n wait at the next collective.
         if let Some(comm) = world.first(n) {
-            for overlap in [false, true] {
-                let line = w1_step(&comm, device, backend, overlap)?;
+            // One message after backward, then 1 MiB buckets leaving during it.
+            let configs = [
+                DataParallelOptions { bucket_bytes: 64 << 20, overlap: false },
+                DataParallelOptions { bucket_bytes: 1 << 20, overlap: true },
+            ];
+            for options in configs {
+                let line = w1_step(&comm, device, backend, options)?;
                 if comm.is_root() {
                     println!("{line}");
                 }

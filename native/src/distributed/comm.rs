@@ -99,6 +99,9 @@ pub struct Comm {
     universe: Rc<Universe>,
 }
 
+/// How long `wait_all` polls without pause before it backs off.
+const POLL_PATIENCE: Duration = Duration::from_secs(2);
+
 /// Elements per MPI call: counts are C ints.
 const MAX_COUNT: usize = i32::MAX as usize;
 
@@ -147,7 +150,6 @@ impl Comm {
     /// Poll `pending` until all are complete, or fail after the timeout.
     pub(crate) fn wait_all<'a, D: ?Sized, S: Scope<'a>>(&self, mut pending: Vec<Request<'a, D, S>>, what: &str) {
         let start = Instant::now();
-        let mut polls = 0u32;
         while !pending.is_empty() {
             pending = pending.into_iter().filter_map(|r| r.test().err()).collect();
             if pending.is_empty() {
@@ -160,13 +162,13 @@ impl Comm {
                     self.timeout.as_secs_f64()
                 ));
             }
-            // Spin while a reply is likely imminent, then stop burning a
-            // core another process (or this one's kernels) could use.
-            polls += 1;
-            if polls < 2000 {
+            // MPI moves a large message only while someone polls it, so
+            // poll continuously (yielding the core to any process that
+            // needs it) while a transfer may be running; a wait longer than
+            // POLL_PATIENCE is a peer busy elsewhere (evaluating, writing a
+            // checkpoint), and then one poll a millisecond is enough.
+            if start.elapsed() < POLL_PATIENCE {
                 std::thread::yield_now();
-            } else if start.elapsed() < Duration::from_secs(1) {
-                std::thread::sleep(Duration::from_micros(100));
             } else {
                 std::thread::sleep(Duration::from_millis(1));
             }

@@ -155,6 +155,12 @@ impl DataParallel {
     /// later gradient; on other devices the gradients are read back after
     /// backward, exchanged, and written back.
     pub fn backward(&mut self, loss: Tensor<'_>, weight: f64) -> Result<f64> {
+        if self.comm.size() == 1 && weight == 1.0 {
+            // One process: nothing to exchange.
+            loss.backward()?;
+            self.stats.steps += 1;
+            return loss.item_blocking();
+        }
         let fresh = self.params.iter().all(|p| !p.has_grad());
         let on_cpu = loss.graph().device().name().starts_with("cpu");
         if self.options.overlap && fresh && on_cpu && self.comm.size() > 1 {
@@ -169,6 +175,7 @@ impl DataParallel {
     /// backward at all, when this process's shard of the batch is empty:
     /// `weight` 0). `local_loss` is this process's mean loss. Collective.
     pub fn reduce_gradients(&mut self, weight: f64, local_loss: f64) -> Result<f64> {
+        let start = Instant::now();
         let mut had = vec![false; self.params.len()];
         for b in &mut self.exchange {
             b.send.fill(0.0);
@@ -187,7 +194,6 @@ impl DataParallel {
             }
         }
         self.write_extras(weight, local_loss, &had);
-        let start = Instant::now();
         self.comm.all_reduce_buckets(&mut self.exchange);
         let loss = self.unpack()?;
         self.stats.exposed_seconds += start.elapsed().as_secs_f64();
@@ -241,8 +247,9 @@ impl DataParallel {
                 Ok(())
             };
             let result = loss.backward_observed(BackwardOptions::default(), &mut on_grad);
-            let result = result.and_then(|_| loss.item_blocking());
-            if let Ok(value) = &result {
+            let backward_done = Instant::now();
+            let result = result.and_then(|_| loss.item_blocking()).map(|value| (value, backward_done));
+            if let Ok((value, _)) = &result {
                 // The extras (loss and flags) ride in the last bucket.
                 let (b, at) = plan.extras_at;
                 let (send, _) = parts[b].as_mut().expect("the last bucket leaves after backward");
@@ -261,8 +268,7 @@ impl DataParallel {
             comm.wait_all(pending.into_iter().map(|p| p.1).collect(), "gradient exchange (scatter)");
             result
         });
-        outcome?;
-        let start = Instant::now();
+        let (_, start) = outcome?;
         comm.finish_buckets(exchange);
         stats.overlapped_buckets += overlapped;
         let loss = self.unpack()?;
