@@ -243,6 +243,15 @@ fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
         }
     }
     let mut replicas = make_replicas(args, world, &model, &mut optimizer, &mut config)?;
+    if config.start.epoch >= config.epochs {
+        return Err(Error::invalid(
+            "train",
+            format!(
+                "the snapshot is at epoch {} of the run; ask for more --epochs than that to continue it",
+                config.start.epoch
+            ),
+        ));
+    }
     if root {
         println!(
             "kiln train: {description} ({} parameters) on {} ({} train / {} test), device {}{}",
