@@ -212,6 +212,35 @@ impl Param {
         Ok(())
     }
 
+    /// Replace the accumulated gradient with `data` (same dtype and size as
+    /// the parameter). Data-parallel training writes the gradient averaged
+    /// over all processes back this way; the optimizer then reads it as
+    /// usual.
+    #[track_caller]
+    pub fn set_grad(&self, data: &HostData) -> Result<()> {
+        if data.dtype() != self.0.dtype || data.len() != self.numel() {
+            return Err(Error::shape(
+                "Param::set_grad",
+                format!(
+                    "parameter '{}' is {} {}, got {} values of {}",
+                    self.name(),
+                    fmt_dims(&self.0.dims),
+                    self.0.dtype,
+                    data.len(),
+                    data.dtype()
+                ),
+            ));
+        }
+        match self.0.grad.get() {
+            Some(buffer) => self.0.device.backend().upload(buffer, data),
+            None => {
+                let buffer = self.0.device.upload(data)?;
+                self.0.grad.set(Some(buffer));
+                Ok(())
+            }
+        }
+    }
+
     /// Overwrite the values with a graph tensor's (computed now). For state
     /// updated outside autograd, such as batch-norm running statistics; call
     /// it under `no_grad`. Graphs that read the old values refuse to
@@ -274,7 +303,7 @@ impl Param {
     /// The accumulated gradient as a tensor of `graph` (a device-side copy,
     /// so later changes to the gradient do not affect it), or None before
     /// any backward. Compute with it and write the result back with
-    /// `set_grad`: together they are PyTorch's `p.grad` read/modify/write.
+    /// `set_grad_tensor`: together they are PyTorch's `p.grad` read/modify/write.
     #[track_caller]
     pub fn grad_tensor<'g>(&self, graph: &'g crate::graph::Graph) -> Result<Option<crate::graph::Tensor<'g>>> {
         let Some(grad) = self.0.grad.get() else { return Ok(None) };
@@ -293,15 +322,15 @@ impl Param {
     /// Set the gradient to a tensor's values (computed now; same shape and
     /// dtype as the parameter). The next `step` uses it; `backward` adds to it.
     #[track_caller]
-    pub fn set_grad(&self, value: crate::graph::Tensor<'_>) -> Result<()> {
-        self.check_grad_shape("Param::set_grad", &value.dims(), value.dtype())?;
+    pub fn set_grad_tensor(&self, value: crate::graph::Tensor<'_>) -> Result<()> {
+        self.check_grad_shape("Param::set_grad_tensor", &value.dims(), value.dtype())?;
         let graph = value.graph();
         if !graph.device().same(&self.0.device) {
-            return Err(Error::invalid("Param::set_grad", "the value lives on another device"));
+            return Err(Error::invalid("Param::set_grad_tensor", "the value lives on another device"));
         }
         graph.realize(&[value])?;
         let source =
-            graph.value_buffer(value.id()).ok_or_else(|| Error::backend("Param::set_grad", "value missing"))?;
+            graph.value_buffer(value.id()).ok_or_else(|| Error::backend("Param::set_grad_tensor", "value missing"))?;
         let (dtype, len) = (self.0.dtype, self.numel());
         let target = self.0.device.take_buffer(dtype, len)?;
         let copied =
@@ -310,27 +339,6 @@ impl Param {
             self.0.device.give_back(target, dtype, len);
             return Err(e);
         }
-        self.replace_grad_buffer(target);
-        Ok(())
-    }
-
-    /// Set the gradient from host values.
-    #[track_caller]
-    pub fn set_grad_host(&self, data: &HostData) -> Result<()> {
-        if data.len() != self.numel() || data.dtype() != self.0.dtype {
-            return Err(Error::shape(
-                "Param::set_grad_host",
-                format!(
-                    "parameter '{}' is {} {}, got {} values of {}",
-                    self.name(),
-                    fmt_dims(&self.0.dims),
-                    self.0.dtype,
-                    data.len(),
-                    data.dtype()
-                ),
-            ));
-        }
-        let target = self.0.device.upload(data)?;
         self.replace_grad_buffer(target);
         Ok(())
     }

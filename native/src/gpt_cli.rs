@@ -26,7 +26,8 @@ pub struct GptArgs {
     pub plot: PathBuf,
     pub checkpoint: PathBuf,
     pub checkpoint_every: u64,
-    pub resume: bool,
+    /// Continue from this checkpoint (its optimizer state is beside it).
+    pub resume: Option<PathBuf>,
     pub eval_interval: u64,
     pub eval_batches: usize,
     pub final_eval_batches: usize,
@@ -73,9 +74,9 @@ pub fn train(args: GptArgs) -> Result<()> {
     };
     let (mut adam, mut scheduler) = gpt::optimizer_for(&model, &train_config)?;
     let mut start_step = 0;
-    if args.resume {
-        let bytes = std::fs::read(&args.checkpoint)
-            .map_err(|e| Error::io("train", format!("--resume: {}: {e}", args.checkpoint.display())))?;
+    if let Some(resume) = &args.resume {
+        let bytes =
+            std::fs::read(resume).map_err(|e| Error::io("train", format!("--resume: {}: {e}", resume.display())))?;
         let meta = read_metadata(&bytes)?;
         if GptConfig::from_metadata(&meta)? != config || meta.get("gpt.vocab_chars") != Some(&data.vocab.as_string()) {
             return Err(Error::invalid(
@@ -84,12 +85,11 @@ pub fn train(args: GptArgs) -> Result<()> {
             ));
         }
         kiln::checkpoint::load_state(&model, &bytes)?;
-        let optim = std::fs::read(optimizer_path(&args.checkpoint)).map_err(|e| {
-            Error::io("train", format!("--resume: {}: {e}", optimizer_path(&args.checkpoint).display()))
-        })?;
+        let optim = std::fs::read(optimizer_path(resume))
+            .map_err(|e| Error::io("train", format!("--resume: {}: {e}", optimizer_path(resume).display())))?;
         load_optimizer_state_with(&mut adam, Some(&mut scheduler), &optim)?;
         start_step = meta.get("gpt.step").and_then(|s| s.parse().ok()).unwrap_or(0);
-        println!("resumed from {} at step {start_step}", args.checkpoint.display());
+        println!("resumed from {} at step {start_step}", resume.display());
     }
     println!(
         "kiln train: char-level GPT ({} layers, {} heads, width {}, context {}, {} parameters) on {} ({} chars, vocabulary {}), batch {}, AdamW lr {} cosine to {} over {} steps, device {}",

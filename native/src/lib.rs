@@ -40,8 +40,10 @@ extern crate self as kiln;
 pub mod bench;
 pub mod checkpoint;
 pub mod devices;
+pub mod distributed;
 pub mod gpt;
 pub mod models;
+pub mod snapshot;
 pub mod train;
 
 pub use devices::DeviceSelection;

@@ -75,20 +75,34 @@ fn the_kv_cache_decoder_matches_the_full_forward() {
     common::assert_close(&step, &full, 1e-5);
 }
 
-/// Issue 11's acceptance configuration (4 layers, 4 heads, width 128,
-/// context 64, batch 12, AdamW 1e-3 with warm-up and cosine, clipping):
-/// 20 steps on wgpu give the CPU's losses within 1e-3.
-#[test]
-fn the_acceptance_gpt_trains_the_same_on_wgpu_as_on_the_cpu() {
+/// 20 training steps of a GPT on wgpu give the CPU's losses within 1e-3.
+fn wgpu_matches_cpu(config: GptConfig, batch: usize, corpus_copies: usize) {
     let Some(gpu) = common::vulkan_device("gpt wgpu parity") else { return };
-    let corpus: String = (0..60).map(|_| text()).collect();
-    let data = TextData::new(&corpus, 64).unwrap();
-    let config = GptConfig { vocab: data.vocab.len(), context: 64, layers: 4, heads: 4, width: 128, dropout: 0.0 };
-    let cpu = losses(&Device::cpu(), config, 12, 20, &data);
-    let wgpu = losses(&gpu, config, 12, 20, &data);
+    let corpus: String = (0..corpus_copies).map(|_| text()).collect();
+    let data = TextData::new(&corpus, config.context).unwrap();
+    let config = GptConfig { vocab: data.vocab.len(), ..config };
+    let cpu = losses(&Device::cpu(), config, batch, 20, &data);
+    let wgpu = losses(&gpu, config, batch, 20, &data);
     eprintln!("cpu  {cpu:?}\nwgpu {wgpu:?}");
     for (step, (c, g)) in cpu.iter().zip(&wgpu).enumerate() {
         assert!((c - g).abs() <= 1e-3, "step {step}: cpu {c} vs wgpu {g}");
     }
     assert!(cpu[19] < cpu[0]);
+}
+
+/// A small GPT (2 layers, width 32, context 16): quick enough for every CI run.
+#[test]
+fn a_small_gpt_trains_the_same_on_wgpu_as_on_the_cpu() {
+    wgpu_matches_cpu(GptConfig { vocab: 0, context: 16, layers: 2, heads: 2, width: 32, dropout: 0.0 }, 4, 2);
+}
+
+/// Issue 11's acceptance configuration (4 layers, 4 heads, width 128,
+/// context 64, batch 12, AdamW 1e-3 with warm-up and cosine, clipping).
+/// On lavapipe with two shared cores it takes about 17 minutes, too long
+/// for every CI run: `cargo test --release -p kiln-tests --test gpt --
+/// --ignored` (measured: largest difference 2e-6 over the 20 steps).
+#[test]
+#[ignore]
+fn the_acceptance_gpt_trains_the_same_on_wgpu_as_on_the_cpu() {
+    wgpu_matches_cpu(GptConfig { vocab: 0, context: 64, layers: 4, heads: 4, width: 128, dropout: 0.0 }, 12, 60);
 }
