@@ -153,6 +153,35 @@ impl Param {
         Ok(())
     }
 
+    /// Replace the accumulated gradient with `data` (same dtype and size as
+    /// the parameter). Data-parallel training writes the gradient averaged
+    /// over all processes back this way; the optimizer then reads it as
+    /// usual.
+    #[track_caller]
+    pub fn set_grad(&self, data: &HostData) -> Result<()> {
+        if data.dtype() != self.0.dtype || data.len() != self.numel() {
+            return Err(Error::shape(
+                "Param::set_grad",
+                format!(
+                    "parameter '{}' is {} {}, got {} values of {}",
+                    self.name(),
+                    fmt_dims(&self.0.dims),
+                    self.0.dtype,
+                    data.len(),
+                    data.dtype()
+                ),
+            ));
+        }
+        match self.0.grad.get() {
+            Some(buffer) => self.0.device.backend().upload(buffer, data),
+            None => {
+                let buffer = self.0.device.upload(data)?;
+                self.0.grad.set(Some(buffer));
+                Ok(())
+            }
+        }
+    }
+
     /// Overwrite the values with a graph tensor's (computed now). For state
     /// updated outside autograd, such as batch-norm running statistics; call
     /// it under `no_grad`. Graphs that read the old values refuse to
