@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::dtype::{DType, Element, HostData};
 use crate::error::{Error, Result};
 use crate::op::{BinaryOp, Op};
-use crate::shape::{fmt_dims, Dims};
+use crate::shape::{check_shape, fmt_dims, Dims};
 
 /// A trainable tensor: a persistent device buffer plus its gradient buffer.
 /// Cloning shares the parameter (a module and its optimizer hold the same
@@ -57,20 +57,21 @@ impl Param {
 
     #[track_caller]
     pub fn from_host(device: &Device, name: &str, data: HostData, dims: &[usize]) -> Result<Param> {
+        let location = std::panic::Location::caller();
         if !data.dtype().is_float() {
             return Err(Error::dtype(
                 "Param",
                 format!("parameter '{name}' must be floating point, got {}", data.dtype()),
             ));
         }
-        let numel: usize = dims.iter().product();
+        let numel = check_shape("Param", dims, data.dtype())?;
         if data.len() != numel {
             return Err(Error::shape(
                 "Param",
                 format!("parameter '{name}': {} values for shape {}", data.len(), fmt_dims(dims)),
             ));
         }
-        let id = device.upload(&data)?;
+        let id = device.upload(&data).map_err(|e| e.for_op("Param").at(location))?;
         let value = ValueBuffer { device: device.clone(), id, dtype: data.dtype(), len: numel };
         Ok(Param(Rc::new(ParamShared {
             device: device.clone(),
@@ -316,7 +317,13 @@ impl Param {
             graph.device().give_back(copy, self.0.dtype, self.numel());
             return Err(e.at(location));
         }
-        Ok(Some(graph.owned_leaf(copy, &self.0.dims, self.0.dtype, location)))
+        match graph.owned_leaf(copy, &self.0.dims, self.0.dtype, location) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) => {
+                graph.device().give_back(copy, self.0.dtype, self.numel());
+                Err(e)
+            }
+        }
     }
 
     /// Set the gradient to a tensor's values (computed now; same shape and
@@ -354,7 +361,11 @@ impl Param {
         let device = &self.0.device;
         let (dtype, len) = (self.0.dtype, self.numel());
         let out = device.take_buffer(dtype, len)?;
-        let scalar = device.upload(&crate::nn::constant_data(vec![factor], dtype)?)?;
+        let host = match dtype {
+            DType::F64 => HostData::F64(vec![factor]),
+            _ => HostData::F32(vec![factor as f32]),
+        };
+        let scalar = device.upload(&host)?;
         let dims = &self.0.dims;
         let inputs = [TensorRef { buffer: grad, dims, dtype }, TensorRef { buffer: scalar, dims: &[], dtype }];
         let call = KernelCall {

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::param::Param;
 use crate::rng::SplitMix64;
 
-use super::layers::constant_data;
+use super::layers::generated_param;
 
 /// (fan_in, fan_out) of a weight of shape `dims`.
 #[track_caller]
@@ -27,20 +27,10 @@ pub fn fans(op: &'static str, dims: &[usize]) -> Result<(usize, usize)> {
     }
 }
 
+/// A parameter whose values come from `value`, drawn in order.
 #[track_caller]
-fn build(
-    op: &'static str,
-    device: &Device,
-    name: &str,
-    dims: &[usize],
-    mut value: impl FnMut() -> f64,
-) -> Result<Param> {
-    let n = dims
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| Error::shape(op, format!("the element count of {dims:?} overflows")))?;
-    let values: Vec<f64> = (0..n).map(|_| value()).collect();
-    Param::from_host(device, name, constant_data(values, DType::F32)?, dims)
+fn build(op: &'static str, device: &Device, name: &str, dims: &[usize], value: impl FnMut() -> f64) -> Result<Param> {
+    generated_param(device, op, name, dims, DType::F32, value)
 }
 
 #[track_caller]

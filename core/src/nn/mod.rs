@@ -13,7 +13,6 @@ pub use attention::{
     scaled_dot_product_attention, AttentionDropout, KvCache, LayerCache, MultiheadAttention, TransformerBlock,
 };
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, ConvOptions, ConvTranspose2d, Flatten, MaxPool2d, Unflatten};
-pub(crate) use layers::constant_data;
 pub use layers::{Activation, Dropout, Embedding, Linear, Sequential};
 pub use loss::{cross_entropy, cross_entropy_probs, mse_loss, nll_loss};
 pub use norm::{BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm};
@@ -24,7 +23,11 @@ use crate::param::Param;
 
 /// A trainable piece of a model.
 pub trait Module {
-    /// Apply the module to `x`, recording nodes in `x`'s graph.
+    /// Apply the module to `x`, recording nodes in `x`'s graph. Errors point
+    /// at the caller's line (`#[track_caller]` here applies to every
+    /// implementation, through `dyn Module` too; an implementation must not
+    /// call its layers from inside a closure, which would cut the chain).
+    #[track_caller]
     fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>>;
 
     /// Every parameter, in a stable order (optimizers and checkpoints rely

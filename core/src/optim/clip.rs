@@ -39,13 +39,13 @@ fn rewrite_grads(
     let device = params[0].device().clone();
     let graph = Graph::new(&device);
     let no_grad = graph.no_grad();
-    let leaves: Vec<Tensor<'_>> = params
-        .iter()
-        .map(|p| {
-            let buffer = p.grad_buffer().expect("filtered to parameters with a gradient");
-            graph.borrowed_leaf(buffer, &p.dims(), p.dtype(), location)
-        })
-        .collect();
+    let mut leaves: Vec<Tensor<'_>> = Vec::with_capacity(params.len());
+    for p in params {
+        let Some(buffer) = p.grad_buffer() else {
+            return Err(Error::backend(op, format!("parameter '{}' lost its gradient", p.name())).at(location));
+        };
+        leaves.push(graph.borrowed_leaf(buffer, &p.dims(), p.dtype(), location)?);
+    }
     let (new_grads, extra) = f(&graph, &leaves).map_err(|e| e.at(location))?;
     let mut targets = new_grads.clone();
     targets.extend(&extra);
