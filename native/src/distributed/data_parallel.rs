@@ -294,7 +294,7 @@ impl DataParallel {
         for (i, p) in self.params.iter().enumerate() {
             if any[i] {
                 let (b, range) = &self.places[i];
-                p.set_grad(&HostData::F32(self.exchange[*b].out[range.clone()].to_vec()))?;
+                p.set_grad_host(&HostData::F32(self.exchange[*b].out[range.clone()].to_vec()))?;
             } else {
                 // No process computed a gradient (an unused parameter):
                 // leave it without one, so that the optimizer skips it.
