@@ -113,7 +113,7 @@ impl Graph {
             let output = match device.take_buffer(node.dtype, len) {
                 Ok(b) => b,
                 Err(e) => {
-                    result = Err(e.at(node.location));
+                    result = Err(e.for_op(node.op.name()).at(node.location));
                     break;
                 }
             };

@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::dtype::{DType, Element, HostData};
 use crate::error::{Error, Result};
 use crate::op::{BinaryOp, Op};
-use crate::shape::{fmt_dims, Dims};
+use crate::shape::{check_shape, fmt_dims, Dims};
 
 /// A trainable tensor: a persistent device buffer plus its gradient buffer.
 /// Cloning shares the parameter (a module and its optimizer hold the same
@@ -38,20 +38,21 @@ impl Param {
 
     #[track_caller]
     pub fn from_host(device: &Device, name: &str, data: HostData, dims: &[usize]) -> Result<Param> {
+        let location = std::panic::Location::caller();
         if !data.dtype().is_float() {
             return Err(Error::dtype(
                 "Param",
                 format!("parameter '{name}' must be floating point, got {}", data.dtype()),
             ));
         }
-        let numel: usize = dims.iter().product();
+        let numel = check_shape("Param", dims, data.dtype())?;
         if data.len() != numel {
             return Err(Error::shape(
                 "Param",
                 format!("parameter '{name}': {} values for shape {}", data.len(), fmt_dims(dims)),
             ));
         }
-        let value = device.upload(&data)?;
+        let value = device.upload(&data).map_err(|e| e.for_op("Param").at(location))?;
         Ok(Param(Rc::new(ParamShared {
             device: device.clone(),
             name: RefCell::new(name.to_string()),

@@ -25,7 +25,8 @@ use crate::graph::{flags, Graph, NodeId, Tensor};
 use crate::op::Op;
 
 impl Graph {
-    /// Record a validated node, deciding whether it requires grad and which
+    /// Record a node whose operands were validated (its shape is checked
+    /// here, see `push_node`), deciding whether it requires grad and which
     /// of its inputs the backward pass will need to keep.
     pub(crate) fn record(
         &self,
@@ -35,7 +36,7 @@ impl Graph {
         dtype: DType,
         attrs: &[usize],
         location: &'static Location<'static>,
-    ) -> Tensor<'_> {
+    ) -> crate::error::Result<Tensor<'_>> {
         let mut requires = false;
         if self.is_grad_enabled() && dtype.is_float() {
             let state = self.state.borrow();
@@ -44,7 +45,7 @@ impl Graph {
             });
         }
         let id =
-            self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, attrs, location);
+            self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, attrs, location)?;
         if requires {
             let saved = rules::saved_values(&op);
             for (i, &input) in inputs.iter().enumerate() {
@@ -56,7 +57,7 @@ impl Graph {
                 self.set_flag(id, flags::SAVED);
             }
         }
-        self.tensor(id)
+        Ok(self.tensor(id))
     }
 }
 

@@ -9,7 +9,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{check_rank, Tensor};
 use crate::op::{AttrRange, Op};
-use crate::shape::{broadcast_shapes, fmt_dims, Dims};
+use crate::shape::{broadcast_shapes, checked_numel, checked_sum, fmt_dims, numel, Dims};
 
 /// The range taken along one axis: `start..end` every `step` elements.
 /// `start` and `end` are clamped to the axis length, as in Python slicing.
@@ -64,10 +64,9 @@ fn slice_attrs(op: &'static str, dims: &[usize], specs: &[SliceSpec]) -> Result<
 
 impl<'g> Tensor<'g> {
     /// Same elements in a new shape; one dimension may be -1 (inferred).
+    /// Other negative values are refused.
     #[track_caller]
     pub fn reshape(self, dims: &[isize]) -> Result<Tensor<'g>> {
-        let from = self.dims();
-        let numel: usize = from.iter().product();
         let mut out = Dims::new();
         let mut inferred = None;
         for (i, &d) in dims.iter().enumerate() {
@@ -82,30 +81,39 @@ impl<'g> Tensor<'g> {
                 out.push(d as usize);
             }
         }
-        let known: usize = out.iter().product();
+        self.reshape_checked(out, inferred, &format!("{dims:?}"))
+    }
+
+    /// Reshape to explicit dims (no inference: every value, `usize::MAX`
+    /// included, is a length).
+    #[track_caller]
+    pub fn reshape_to(self, dims: &[usize]) -> Result<Tensor<'g>> {
+        self.reshape_checked(Dims::from_slice(dims), None, &fmt_dims(dims))
+    }
+
+    /// `out` with `out[inferred]` (1 so far) replaced by what the element
+    /// count leaves; every product checked.
+    #[track_caller]
+    fn reshape_checked(self, mut out: Dims, inferred: Option<usize>, asked: &str) -> Result<Tensor<'g>> {
+        let from = self.dims();
+        let numel = numel(&from);
+        check_rank("Reshape", &out)?;
+        let known = checked_numel("Reshape", &out)?;
         if let Some(i) = inferred {
             if known == 0 || numel % known != 0 {
                 return Err(Error::shape(
                     "Reshape",
-                    format!("cannot reshape {} ({numel} elements) into {dims:?}", fmt_dims(&from)),
+                    format!("cannot reshape {} ({numel} elements) into {asked}", fmt_dims(&from)),
                 ));
             }
             out[i] = numel / known;
         } else if known != numel {
             return Err(Error::shape(
                 "Reshape",
-                format!("cannot reshape {} ({numel} elements) into {dims:?} ({known} elements)", fmt_dims(&from)),
+                format!("cannot reshape {} ({numel} elements) into {asked} ({known} elements)", fmt_dims(&from)),
             ));
         }
-        check_rank("Reshape", &out)?;
-        Ok(self.graph.record(Op::Reshape, &[self.id], &out, self.dtype(), &[], Location::caller()))
-    }
-
-    /// Reshape to explicit dims (no inference).
-    #[track_caller]
-    pub fn reshape_to(self, dims: &[usize]) -> Result<Tensor<'g>> {
-        let signed: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
-        self.reshape(&signed)
+        self.graph.record(Op::Reshape, &[self.id], &out, self.dtype(), &[], Location::caller())
     }
 
     /// Reorder axes: output axis i is input axis `perm[i]`.
@@ -122,7 +130,7 @@ impl<'g> Tensor<'g> {
             ));
         }
         let out: Dims = perm.iter().map(|&p| dims[p]).collect();
-        Ok(self.graph.record(Op::Permute(NO_ATTRS), &[self.id], &out, self.dtype(), perm, Location::caller()))
+        self.graph.record(Op::Permute(NO_ATTRS), &[self.id], &out, self.dtype(), perm, Location::caller())
     }
 
     /// Swap two axes.
@@ -146,14 +154,14 @@ impl<'g> Tensor<'g> {
             }
         }
         check_rank("Expand", dims)?;
-        Ok(self.graph.record(Op::Expand, &[self.id], dims, self.dtype(), &[], Location::caller()))
+        self.graph.record(Op::Expand, &[self.id], dims, self.dtype(), &[], Location::caller())
     }
 
     /// Take `specs[i]` along axis i (missing trailing axes are taken whole).
     #[track_caller]
     pub fn slice(self, specs: &[SliceSpec]) -> Result<Tensor<'g>> {
         let (attrs, out) = slice_attrs("Slice", &self.dims(), specs)?;
-        Ok(self.graph.record(Op::Slice(NO_ATTRS), &[self.id], &out, self.dtype(), &attrs, Location::caller()))
+        self.graph.record(Op::Slice(NO_ATTRS), &[self.id], &out, self.dtype(), &attrs, Location::caller())
     }
 
     /// Slice one axis.
@@ -182,7 +190,7 @@ impl<'g> Tensor<'g> {
                 ),
             ));
         }
-        Ok(self.graph.record(Op::SliceBackward(NO_ATTRS), &[self.id], dims, self.dtype(), &attrs, Location::caller()))
+        self.graph.record(Op::SliceBackward(NO_ATTRS), &[self.id], dims, self.dtype(), &attrs, Location::caller())
     }
 
     /// Join tensors along `axis`; all other dimensions must agree.
@@ -194,7 +202,7 @@ impl<'g> Tensor<'g> {
         let dims = first.dims();
         let axis = normalize_axis("Concat", axis, dims.len())?;
         let mut out = dims.clone();
-        out[axis] = 0;
+        let mut lengths = Vec::with_capacity(tensors.len());
         for t in tensors {
             same_graph("Concat", first, t)?;
             let d = t.dims();
@@ -211,10 +219,12 @@ impl<'g> Tensor<'g> {
                     ),
                 ));
             }
-            out[axis] += d[axis];
+            lengths.push(d[axis]);
         }
+        out[axis] =
+            checked_sum("Concat", || format!("the lengths {lengths:?} along axis {axis}"), lengths.iter().copied())?;
         let ids: Vec<_> = tensors.iter().map(|t| t.id).collect();
-        Ok(first.graph.record(Op::Concat { axis: axis as u8 }, &ids, &out, first.dtype(), &[], Location::caller()))
+        first.graph.record(Op::Concat { axis: axis as u8 }, &ids, &out, first.dtype(), &[], Location::caller())
     }
 
     /// Gather slices along `axis` at the positions in `index` (1-D i32).
@@ -227,14 +237,14 @@ impl<'g> Tensor<'g> {
         check_index("IndexSelect", &index)?;
         let mut out = dims.clone();
         out[axis] = index.numel();
-        Ok(self.graph.record(
+        self.graph.record(
             Op::IndexSelect { axis: axis as u8 },
             &[self.id, index.id],
             &out,
             self.dtype(),
             &[],
             Location::caller(),
-        ))
+        )
     }
 
     /// `self` with `source`'s slices added at the positions in `index` along
@@ -262,14 +272,14 @@ impl<'g> Tensor<'g> {
                 ),
             ));
         }
-        Ok(self.graph.record(
+        self.graph.record(
             Op::ScatterAdd { axis: axis as u8 },
             &[self.id, index.id, source.id],
             &dims,
             self.dtype(),
             &[],
             Location::caller(),
-        ))
+        )
     }
 }
 
