@@ -218,10 +218,10 @@ impl Param {
     /// over all processes back this way; the optimizer then reads it as
     /// usual.
     #[track_caller]
-    pub fn set_grad(&self, data: &HostData) -> Result<()> {
+    pub fn set_grad_host(&self, data: &HostData) -> Result<()> {
         if data.dtype() != self.0.dtype || data.len() != self.numel() {
             return Err(Error::shape(
-                "Param::set_grad",
+                "Param::set_grad_host",
                 format!(
                     "parameter '{}' is {} {}, got {} values of {}",
                     self.name(),
