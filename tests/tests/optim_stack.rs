@@ -70,7 +70,7 @@ fn clip_grad_value_and_grad_read_scale_set() {
     a.set_grad_tensor(g.add(1.0).unwrap()).unwrap();
     assert_close(&param_grad(&a), &[3.0, 0.2], 1e-6);
     assert_close(&values(&g), &[2.0, -0.8], 1e-6); // the copy is independent
-    b.set_grad(&HostData::F32(vec![7.0])).unwrap();
+    b.set_grad_host(&HostData::F32(vec![7.0])).unwrap();
     assert_close(&param_grad(&b), &[7.0], 0.0);
     // A later backward accumulates onto the gradient that was set.
     set_grads(&device, &a, &b, &[1.0, 1.0], &[1.0]);
@@ -84,7 +84,7 @@ fn clip_grad_value_and_grad_read_scale_set() {
     assert_eq!((e.kind(), e.location().file()), (ErrorKind::InvalidArgument, file!()), "{e}");
     let e = clip_grad_value(&[a.clone()], f64::INFINITY).unwrap_err();
     assert_eq!(e.location().file(), file!(), "{e}");
-    let e = b.set_grad(&HostData::F32(vec![1.0, 2.0])).unwrap_err();
+    let e = b.set_grad_host(&HostData::F32(vec![1.0, 2.0])).unwrap_err();
     assert_eq!(e.location().file(), file!(), "{e}");
 }
 
