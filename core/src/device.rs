@@ -36,6 +36,15 @@ pub struct PoolStats {
     pub pooled_buffers: usize,
     /// Buffers the backend was asked to create (pool misses).
     pub backend_allocations: usize,
+    /// Bytes of the buffers handed out and not yet returned (their pool
+    /// capacity, which rounds the request up by at most a quarter).
+    pub live_bytes: usize,
+    /// The most `live_bytes` at once since the last `reset_peak`: the
+    /// device memory a workload needed at its peak.
+    pub peak_live_bytes: usize,
+    /// Bytes the backend holds for the pool (live plus resting buffers),
+    /// what the device actually has allocated; `trim_pool` lowers it.
+    pub allocated_bytes: usize,
 }
 
 const DTYPES: usize = 4;
@@ -58,6 +67,16 @@ fn bucket(len: usize) -> (usize, usize) {
     let cap = len.div_ceil(step) * step;
     let quarter = cap / step - 5;
     (1 + (e - 6) * 4 + quarter, cap)
+}
+
+/// The capacity of bucket `b` (the inverse of `bucket`).
+fn bucket_capacity(b: usize) -> usize {
+    if b == 0 {
+        return 64;
+    }
+    let e = (b - 1) / 4 + 6;
+    let quarter = (b - 1) % 4;
+    (1usize << (e - 2)) * (quarter + 5)
 }
 
 fn dtype_index(dtype: DType) -> usize {
@@ -106,6 +125,7 @@ impl Device {
     /// bucket is resting there.
     pub(crate) fn take_buffer(&self, dtype: DType, len: usize) -> Result<BufferId> {
         let (b, cap) = bucket(len);
+        let bytes = cap * dtype.size_bytes();
         let mut pool = self.0.pool.borrow_mut();
         let slot = dtype_index(dtype) * BUCKETS + b;
         let id = match pool.free[slot].pop() {
@@ -116,21 +136,26 @@ impl Device {
             None => {
                 let id = self.0.backend.alloc(dtype, cap)?;
                 pool.stats.backend_allocations += 1;
+                pool.stats.allocated_bytes += bytes;
                 id
             }
         };
-        pool.stats.live_buffers += 1;
-        pool.stats.peak_live_buffers = pool.stats.peak_live_buffers.max(pool.stats.live_buffers);
+        let stats = &mut pool.stats;
+        stats.live_buffers += 1;
+        stats.peak_live_buffers = stats.peak_live_buffers.max(stats.live_buffers);
+        stats.live_bytes += bytes;
+        stats.peak_live_bytes = stats.peak_live_bytes.max(stats.live_bytes);
         Ok(id)
     }
 
     /// Return a buffer taken with `take_buffer(dtype, len)` to the pool.
     pub(crate) fn give_back(&self, buffer: BufferId, dtype: DType, len: usize) {
-        let (b, _) = bucket(len);
+        let (b, cap) = bucket(len);
         let mut pool = self.0.pool.borrow_mut();
         pool.free[dtype_index(dtype) * BUCKETS + b].push(buffer);
         pool.stats.live_buffers -= 1;
         pool.stats.pooled_buffers += 1;
+        pool.stats.live_bytes -= cap * dtype.size_bytes();
     }
 
     /// A pooled buffer holding `data`.
@@ -147,18 +172,23 @@ impl Device {
         self.0.pool.borrow().stats
     }
 
-    /// Start counting `peak_live_buffers` from the current level.
+    /// Start counting `peak_live_buffers` and `peak_live_bytes` from the
+    /// current level.
     pub fn reset_peak(&self) {
         let mut pool = self.0.pool.borrow_mut();
         pool.stats.peak_live_buffers = pool.stats.live_buffers;
+        pool.stats.peak_live_bytes = pool.stats.live_bytes;
     }
 
     /// Release every resting buffer back to the backend.
     pub fn trim_pool(&self) {
-        let mut pool = self.0.pool.borrow_mut();
-        for list in pool.free.iter_mut() {
+        let mut guard = self.0.pool.borrow_mut();
+        let pool = &mut *guard;
+        for (slot, list) in pool.free.iter_mut().enumerate() {
+            let dtype = [DType::F32, DType::F64, DType::I32, DType::Bool][slot / BUCKETS];
             for id in list.drain(..) {
                 self.0.backend.free(id);
+                pool.stats.allocated_bytes -= bucket_capacity(slot % BUCKETS) * dtype.size_bytes();
             }
         }
         pool.stats.pooled_buffers = 0;
@@ -192,8 +222,9 @@ mod tests {
         assert_eq!(bucket(65), (1, 80));
         assert_eq!(bucket(128), (4, 128));
         assert_eq!(bucket(129).1, 160);
-        for len in [1000usize, 4096, 100_000, 1 << 30] {
-            let (_, cap) = bucket(len);
+        for len in [1usize, 64, 65, 100, 128, 129, 1000, 4096, 100_000, 1 << 30] {
+            let (b, cap) = bucket(len);
+            assert_eq!(super::bucket_capacity(b), cap, "bucket {b} of len {len}");
             assert!(cap >= len && (cap as f64) <= len as f64 * 1.25 + 64.0);
         }
     }

@@ -94,6 +94,9 @@ pub(crate) struct GraphState {
     pub kept_grads: Vec<(NodeId, NodeId)>,
     /// A backward pass has consumed the saved values of this graph.
     pub differentiated: bool,
+    /// Activation-checkpointed segments (see `autograd::segment`), in
+    /// the order they were sealed.
+    pub segments: Vec<Segment>,
     /// Executor scratch, reused between executions.
     pub scratch_uses: Vec<u32>,
     pub scratch_marks: Vec<u8>,
@@ -125,6 +128,16 @@ impl Drop for NoGradGuard<'_> {
     }
 }
 
+/// An activation-checkpointed segment: the nodes with ids in
+/// `start..end`. Their values are not kept for backward; the backward walk
+/// records copies of them from the segment's inputs and differentiates the
+/// copies (see `autograd::segment`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub start: NodeId,
+    pub end: NodeId,
+}
+
 /// Lengths of every arena, so a failed multi-node construction (a backward
 /// pass) can be rolled back exactly.
 #[derive(Clone, Copy)]
@@ -134,6 +147,7 @@ pub(crate) struct GraphMark {
     dims: usize,
     attrs: usize,
     params: usize,
+    segments: usize,
 }
 
 impl Graph {
@@ -150,6 +164,7 @@ impl Graph {
                 params: Vec::new(),
                 kept_grads: Vec::new(),
                 differentiated: false,
+                segments: Vec::new(),
                 scratch_uses: Vec::new(),
                 scratch_marks: Vec::new(),
             }),
@@ -185,6 +200,7 @@ impl Graph {
         state.owned.clear();
         state.params.clear();
         state.kept_grads.clear();
+        state.segments.clear();
         state.differentiated = false;
         self.grad_enabled.set(true);
     }
@@ -453,6 +469,7 @@ impl Graph {
             dims: state.dims_slab.len(),
             attrs: state.attr_slab.len(),
             params: state.params.len(),
+            segments: state.segments.len(),
         }
     }
 
@@ -467,6 +484,7 @@ impl Graph {
         state.dims_slab.truncate(mark.dims);
         state.attr_slab.truncate(mark.attrs);
         state.params.truncate(mark.params);
+        state.segments.truncate(mark.segments);
         state.kept_grads.retain(|&(a, b)| (a as usize) < mark.nodes && (b as usize) < mark.nodes);
     }
 

@@ -161,3 +161,110 @@ pub fn w4_gemm(device: &Device, backend: &str, counted: usize) -> Result<BenchRe
     let gflops = 2.0 * (n as f64).powi(3) / (median * 1e-3) / 1e9;
     Ok(summarize("W4", backend, times, format!("{gflops:.1} GFLOP/s")))
 }
+
+/// What one activation-checkpointing configuration measured.
+#[derive(Clone, Debug)]
+pub struct CheckpointRun {
+    pub checkpointing: bool,
+    /// Milliseconds per training step (all counted steps).
+    pub times: Vec<f64>,
+    /// Most bytes live on the device during a step (parameters, gradients
+    /// and optimizer state included).
+    pub peak_bytes: usize,
+    /// Bytes live before the step's forward pass: parameters, gradients,
+    /// optimizer state. `peak_bytes - resident_bytes` is what the step's
+    /// activations and temporaries needed.
+    pub resident_bytes: usize,
+    /// The loss of every step (warm-up included) as f32 bits: the same
+    /// model and data with and without checkpointing must give the same.
+    pub loss_bits: Vec<u32>,
+}
+
+/// Training steps of the char-level GPT (AdamW, clipping, as `kiln train
+/// --model gpt`) on seeded random tokens, with every block checkpointed or
+/// not. The model is rebuilt from `seed` for each run, so runs compare.
+pub fn gpt_checkpoint_run(
+    device: &Device,
+    config: crate::gpt::GptConfig,
+    batch: usize,
+    checkpointing: bool,
+    warmup: usize,
+    counted: usize,
+) -> Result<CheckpointRun> {
+    use crate::gpt::{optimizer_for, train_step, Gpt, GptTrainConfig};
+    let model = Gpt::new(device, config, 42)?;
+    model.set_checkpointing(checkpointing);
+    let train = GptTrainConfig { batch, ..GptTrainConfig::default() };
+    let (mut adam, mut scheduler) = optimizer_for(&model, &train)?;
+    let mut rng = SplitMix64::new(5);
+    let tokens = |rng: &mut SplitMix64| -> Vec<i32> {
+        (0..batch * config.context).map(|_| rng.below(config.vocab as u64) as i32).collect()
+    };
+    let mut graph = Graph::new(device);
+    let mut run =
+        CheckpointRun { checkpointing, times: Vec::new(), peak_bytes: 0, resident_bytes: 0, loss_bits: Vec::new() };
+    for step in 0..warmup + counted {
+        let (x, y) = (tokens(&mut rng), tokens(&mut rng));
+        // The previous step's graph goes first, so the peak is this step's.
+        graph.reset();
+        let resident = device.stats().live_bytes;
+        device.reset_peak();
+        let start = Instant::now();
+        let loss = train_step(
+            &mut graph,
+            &model,
+            &mut adam,
+            &mut scheduler,
+            (&x, &y),
+            [batch, config.context],
+            train.grad_clip,
+        )?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        run.loss_bits.push((loss as f32).to_bits());
+        if step >= warmup {
+            run.times.push(ms);
+            run.peak_bytes = run.peak_bytes.max(device.stats().peak_live_bytes);
+            run.resident_bytes = run.resident_bytes.max(resident);
+        }
+    }
+    Ok(run)
+}
+
+/// CKPT: activation checkpointing on the char-level GPT (context 256,
+/// width 128, 4 heads, batch `batch`) for each layer count: one line with
+/// and one without, peak device memory and step time in the notes, and
+/// whether the losses of the two runs are bit-identical.
+pub fn ckpt_gpt(
+    device: &Device,
+    backend: &str,
+    layers: &[usize],
+    batch: usize,
+    warmup: usize,
+    counted: usize,
+) -> Result<Vec<BenchResult>> {
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    let mut results = Vec::new();
+    for &l in layers {
+        let config = crate::gpt::GptConfig { vocab: 65, context: 256, layers: l, heads: 4, width: 128, dropout: 0.1 };
+        let off = gpt_checkpoint_run(device, config, batch, false, warmup, counted)?;
+        let on = gpt_checkpoint_run(device, config, batch, true, warmup, counted)?;
+        let identical = off.loss_bits == on.loss_bits;
+        for run in [&off, &on] {
+            let notes = format!(
+                "gpt layers={l} context=256 width=128 batch={batch} dropout=0.1 checkpointing={} \
+                 peak_mib={:.1} activations_mib={:.1} losses_bit_identical={identical}",
+                if run.checkpointing { "on" } else { "off" },
+                mib(run.peak_bytes),
+                mib(run.peak_bytes.saturating_sub(run.resident_bytes)),
+            );
+            results.push(summarize("CKPT", backend, run.times.clone(), notes));
+        }
+        if !identical {
+            return Err(kiln_core::Error::backend(
+                "bench",
+                format!("CKPT: losses differ with checkpointing: {:?} vs {:?}", off.loss_bits, on.loss_bits),
+            ));
+        }
+    }
+    Ok(results)
+}

@@ -120,6 +120,15 @@ impl Gpt {
         self.config
     }
 
+    /// Activation checkpointing of every transformer block (see
+    /// `TransformerBlock::set_checkpointing`): backward recomputes each
+    /// block from its input instead of keeping its activations.
+    pub fn set_checkpointing(&self, on: bool) {
+        for block in &self.blocks {
+            block.set_checkpointing(on);
+        }
+    }
+
     /// Logits [B, T, vocab] for i32 token ids [B, T] (T <= context).
     #[track_caller]
     pub fn forward<'g>(&self, idx: Tensor<'g>) -> Result<Tensor<'g>> {

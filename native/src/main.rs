@@ -197,7 +197,8 @@ struct BenchArgs {
     /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
     #[arg(long, env = "KILN_DEVICE", default_value = "cpu")]
     device: String,
-    /// Workloads to run (W1, W2, W3, W4; with --distributed: allreduce, W1).
+    /// Workloads to run (W1, W2, W3, W4, CKPT = activation checkpointing on
+    /// the char-level GPT; with --distributed: allreduce, W1).
     #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
 }
@@ -507,7 +508,23 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             "W3" => bench::w3_graph_overhead(&device, backend, 20)?,
             "W4" => bench::w4_gemm(&device, backend, 10)?,
             "W2" => bench::w2_cnn_step(&device, backend, 20)?,
-            other => return Err(Error::invalid("bench", format!("unknown workload {other}; use W1, W2, W3 or W4"))),
+            // Activation checkpointing: a software GPU (lavapipe) is slow,
+            // so it gets one layer count and fewer steps.
+            "CKPT" if backend == "cpu" => {
+                for r in bench::ckpt_gpt(&device, backend, &[4, 8], 4, 1, 3)? {
+                    println!("{}", r.json());
+                }
+                continue;
+            }
+            "CKPT" => {
+                for r in bench::ckpt_gpt(&device, backend, &[4], 2, 1, 2)? {
+                    println!("{}", r.json());
+                }
+                continue;
+            }
+            other => {
+                return Err(Error::invalid("bench", format!("unknown workload {other}; use W1, W2, W3, W4 or CKPT")))
+            }
         };
         println!("{}", result.json());
     }

@@ -8,6 +8,9 @@
 //! from the root downwards sees every node after all of its consumers.
 
 pub mod rules;
+mod segment;
+
+pub use segment::{checkpoint, checkpoint_many};
 
 use smallvec::SmallVec;
 
@@ -75,39 +78,65 @@ fn check_seed(op: &'static str, root: &Tensor<'_>, seed: Option<Tensor<'_>>) -> 
     }
 }
 
-/// Gradient node of every node up to the root that receives one.
+/// Gradient node of every node up to the root that receives one (the
+/// vector may be longer: checkpointed segments append recomputed copies).
 fn build_gradients(graph: &Graph, root: NodeId, seed: NodeId) -> Result<Vec<Option<NodeId>>> {
     let mut grads: Vec<Option<NodeId>> = vec![None; root as usize + 1];
     grads[root as usize] = Some(seed);
-    for id in (0..=root).rev() {
-        let Some(g) = grads[id as usize] else { continue };
-        let node = graph.node(id);
-        if node.flags & flags::REQUIRES_GRAD == 0 || node.op.is_leaf() {
+    walk(graph, &mut grads, 0, root + 1)?;
+    Ok(grads)
+}
+
+/// Propagate gradients through nodes `lo..hi`, from the last to the first.
+/// A checkpointed segment is handled as one unit (see `segment`); its
+/// copy is walked by a nested call, so the depth of that recursion is the
+/// nesting depth of the user's `checkpoint` calls, never the graph's size.
+fn walk(graph: &Graph, grads: &mut Vec<Option<NodeId>>, lo: NodeId, hi: NodeId) -> Result<()> {
+    let segments = graph.top_segments(lo, hi);
+    let mut next = segments.iter().peekable();
+    let mut id = hi;
+    while id > lo {
+        id -= 1;
+        if let Some(&seg) = next.next_if(|s| id < s.end) {
+            segment::replay_segment(graph, grads, seg, id + 1)?;
+            id = seg.start;
             continue;
         }
-        let input_ids = graph.inputs_of(id);
-        let inputs: SmallVec<[Tensor<'_>; 3]> = input_ids.iter().map(|&i| graph.tensor(i)).collect();
-        let needs: SmallVec<[bool; 3]> = input_ids
-            .iter()
-            .enumerate()
-            .map(|(k, &i)| graph.node(i).flags & flags::REQUIRES_GRAD != 0 && rules::differentiable_input(&node.op, k))
-            .collect();
-        let attrs = graph.attrs_of(&node.op);
-        let input_grads = rules::input_gradients(node.op, &attrs, &inputs, graph.tensor(id), graph.tensor(g), &needs)?;
-        for (k, contribution) in input_grads.into_iter().enumerate() {
-            let Some(c) = contribution else { continue };
-            if !needs[k] {
-                continue;
-            }
-            let slot = &mut grads[input_ids[k] as usize];
-            *slot = Some(match *slot {
-                None => c.id,
-                // Fan-out: contributions add up.
-                Some(previous) => graph.tensor(previous).add(c)?.id,
-            });
-        }
+        differentiate_node(graph, grads, id)?;
     }
-    Ok(grads)
+    Ok(())
+}
+
+/// Apply node `id`'s gradient rule, adding what it gives each input to
+/// that input's gradient.
+fn differentiate_node(graph: &Graph, grads: &mut [Option<NodeId>], id: NodeId) -> Result<()> {
+    let Some(g) = grads[id as usize] else { return Ok(()) };
+    let node = graph.node(id);
+    if node.flags & flags::REQUIRES_GRAD == 0 || node.op.is_leaf() {
+        return Ok(());
+    }
+    let input_ids = graph.inputs_of(id);
+    let inputs: SmallVec<[Tensor<'_>; 3]> = input_ids.iter().map(|&i| graph.tensor(i)).collect();
+    let needs: SmallVec<[bool; 3]> = input_ids
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| graph.node(i).flags & flags::REQUIRES_GRAD != 0 && rules::differentiable_input(&node.op, k))
+        .collect();
+    let attrs = graph.attrs_of(&node.op);
+    let input_grads = rules::input_gradients(node.op, &attrs, &inputs, graph.tensor(id), graph.tensor(g), &needs)?;
+    for (k, contribution) in input_grads.into_iter().enumerate() {
+        let Some(c) = contribution else { continue };
+        if !needs[k] {
+            continue;
+        }
+        let slot = &mut grads[input_ids[k] as usize];
+        *slot = Some(match *slot {
+            None => c.id,
+            // Fan-out: contributions add up.
+            Some(previous) => graph.tensor(previous).add(c)?.id,
+        });
+    }
+    Ok(())
 }
 
 impl<'g> Tensor<'g> {

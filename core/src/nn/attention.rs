@@ -492,6 +492,9 @@ pub struct TransformerBlock {
     pub norm1: LayerNorm,
     pub norm2: LayerNorm,
     dropout: Option<super::layers::Dropout>,
+    /// Run `forward` as an activation-checkpointed segment (see
+    /// `set_checkpointing`).
+    checkpointing: std::cell::Cell<bool>,
 }
 
 impl TransformerBlock {
@@ -519,7 +522,28 @@ impl TransformerBlock {
             } else {
                 None
             },
+            checkpointing: std::cell::Cell::new(false),
         })
+    }
+
+    /// Activation checkpointing for this block: when on, `forward` keeps
+    /// only the block's input for the backward pass, which recomputes the
+    /// block (same kernels, same dropout masks) and then differentiates it.
+    /// Gradients are bit-identical either way; memory drops from every
+    /// activation of the block to its input, for a second forward pass of
+    /// the block during backward. See `kiln_core::checkpoint`.
+    pub fn set_checkpointing(&self, on: bool) {
+        self.checkpointing.set(on);
+    }
+
+    pub fn is_checkpointing(&self) -> bool {
+        self.checkpointing.get()
+    }
+
+    #[track_caller]
+    fn forward_uncheckpointed<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let a = self.self_attn.forward(self.norm1.forward(x)?)?;
+        self.feed_forward(self.residual(x, a)?)
     }
 
     #[track_caller]
@@ -547,8 +571,11 @@ impl TransformerBlock {
 impl Module for TransformerBlock {
     #[track_caller]
     fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        let a = self.self_attn.forward(self.norm1.forward(x)?)?;
-        self.feed_forward(self.residual(x, a)?)
+        if self.checkpointing.get() {
+            crate::autograd::checkpoint(|x| self.forward_uncheckpointed(x), x)
+        } else {
+            self.forward_uncheckpointed(x)
+        }
     }
     fn parameters(&self) -> Vec<Param> {
         self.named_parameters().into_iter().map(|(_, p)| p).collect()
