@@ -212,7 +212,7 @@ pub fn run_classifier<O: Optimizer + ?Sized>(
         }
         report.test_accuracy.push(((epoch + 1) as f64, evaluate_with(replicas, device, model, test, 1000)?));
         let lr = optimizer.learning_rate();
-        optimizer.set_learning_rate(lr * config.lr_decay);
+        optimizer.set_learning_rate(lr * config.lr_decay)?;
         if root {
             snapshot(&Position { epoch: epoch + 1, step: 0 }, optimizer)?;
         }

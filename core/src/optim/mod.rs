@@ -10,11 +10,16 @@ use crate::param::Param;
 /// What every optimizer offers.
 pub trait Optimizer {
     /// Update every parameter that has a gradient, then bump its version.
+    /// Errors point at the caller's line (here and below, `#[track_caller]`
+    /// on the declaration applies to every implementation).
+    #[track_caller]
     fn step(&mut self) -> Result<()>;
     /// Drop the gradients of every parameter this optimizer updates.
     fn zero_grad(&self);
     fn learning_rate(&self) -> f64;
-    fn set_learning_rate(&mut self, lr: f64);
+    /// A new learning rate: finite and >= 0, else an error and no change.
+    #[track_caller]
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()>;
 }
 
 /// Per-parameter state buffers, zero-initialised, freed with the optimizer.
@@ -142,6 +147,7 @@ fn write_all(op: &'static str, state: &[StateBuffers], values: &[Vec<HostData>])
     state.iter().zip(values).try_for_each(|(s, v)| s.write(v))
 }
 
+#[track_caller]
 fn check_hyper(op: &'static str, name: &str, value: f64, ok: bool) -> Result<()> {
     if ok && value.is_finite() {
         Ok(())
@@ -162,10 +168,12 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    #[track_caller]
     pub fn new(params: Vec<Param>, lr: f64) -> Result<Sgd> {
         Sgd::with_options(params, lr, 0.0, 0.0, false)
     }
 
+    #[track_caller]
     pub fn with_options(params: Vec<Param>, lr: f64, momentum: f64, weight_decay: f64, nesterov: bool) -> Result<Sgd> {
         check_hyper("Sgd", "lr", lr, lr >= 0.0)?;
         check_hyper("Sgd", "momentum", momentum, momentum >= 0.0)?;
@@ -196,8 +204,10 @@ impl Optimizer for Sgd {
     fn learning_rate(&self) -> f64 {
         self.lr
     }
-    fn set_learning_rate(&mut self, lr: f64) {
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
+        check_hyper("set_learning_rate", "lr", lr, lr >= 0.0)?;
         self.lr = lr;
+        Ok(())
     }
 }
 
@@ -216,15 +226,18 @@ pub struct Adam {
 
 impl Adam {
     /// Adam with betas (0.9, 0.999), eps 1e-8, no weight decay.
+    #[track_caller]
     pub fn new(params: Vec<Param>, lr: f64) -> Result<Adam> {
         Adam::with_options(params, lr, (0.9, 0.999), 1e-8, 0.0, false)
     }
 
     /// AdamW: weight decay applied to the weights directly, not to the gradient.
+    #[track_caller]
     pub fn adamw(params: Vec<Param>, lr: f64, weight_decay: f64) -> Result<Adam> {
         Adam::with_options(params, lr, (0.9, 0.999), 1e-8, weight_decay, true)
     }
 
+    #[track_caller]
     pub fn with_options(
         params: Vec<Param>,
         lr: f64,
@@ -268,8 +281,10 @@ impl Optimizer for Adam {
     fn learning_rate(&self) -> f64 {
         self.lr
     }
-    fn set_learning_rate(&mut self, lr: f64) {
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
+        check_hyper("set_learning_rate", "lr", lr, lr >= 0.0)?;
         self.lr = lr;
+        Ok(())
     }
 }
 
