@@ -206,7 +206,6 @@ impl Param {
                 let inputs = [TensorRef { buffer: old, dims, dtype }, TensorRef { buffer, dims, dtype }];
                 let call = KernelCall {
                     op: Op::Binary(BinaryOp::Add),
-                    attrs: &[],
                     inputs: &inputs,
                     output: TensorRef { buffer: sum, dims, dtype },
                 };

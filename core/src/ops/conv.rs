@@ -65,7 +65,7 @@ impl<'g> Tensor<'g> {
         let [n, c, h, w] = nchw("Im2Col", &self)?;
         let [oh, ow] = output_size("Im2Col", &window, [h, w])?;
         let dims = [n, c * window.kernel_elements(), oh * ow];
-        Ok(self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), &[], Location::caller()))
+        Ok(self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), Location::caller()))
     }
 
     /// Fold columns [N, C·kh·kw, OH·OW] back into [N, C, H, W], summing
@@ -93,7 +93,7 @@ impl<'g> Tensor<'g> {
         }
         let dims = [d[0], d[1] / k, image[0], image[1]];
         let op = Op::Col2Im { window, image: [image[0] as u32, image[1] as u32] };
-        Ok(self.graph.record(op, &[self.id], &dims, self.dtype(), &[], Location::caller()))
+        Ok(self.graph.record(op, &[self.id], &dims, self.dtype(), Location::caller()))
     }
 
     /// 2-D max pooling. With `ceil_mode` the output rounds up, as PyTorch's
@@ -145,7 +145,7 @@ impl<'g> Tensor<'g> {
         }
         let [oh, ow] = output_size("MaxPool2d", &window, [h, w])?;
         let dims = [n, c, oh, ow];
-        Ok(self.graph.record(Op::MaxPool2d(window), &[self.id], &dims, self.dtype(), &[], Location::caller()))
+        Ok(self.graph.record(Op::MaxPool2d(window), &[self.id], &dims, self.dtype(), Location::caller()))
     }
 
     /// The adjoint of max pooling: `self` is the pooled input x, `grad` has
@@ -174,7 +174,6 @@ impl<'g> Tensor<'g> {
             &[self.id, grad.id],
             &dims,
             self.dtype(),
-            &[],
             Location::caller(),
         ))
     }
@@ -204,6 +203,6 @@ impl Graph {
         if numel > u32::MAX as usize / 2 {
             return Err(Error::invalid(op.name(), "the generator's counter is 32-bit: at most 2^31 elements"));
         }
-        Ok(self.record(op, &[], dims, dtype, &[], Location::caller()))
+        Ok(self.record(op, &[], dims, dtype, Location::caller()))
     }
 }
