@@ -85,6 +85,13 @@ impl Error {
         self
     }
 
+    /// The same error attributed to another op (the node whose buffer an
+    /// allocation was for, rather than the allocator).
+    pub fn for_op(mut self, op: &'static str) -> Error {
+        self.op = op;
+        self
+    }
+
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }

@@ -16,7 +16,7 @@
 
 use smallvec::SmallVec;
 
-use crate::backend::{KernelCall, TensorRef};
+use crate::backend::{BufferId, KernelCall, TensorRef};
 use crate::dtype::HostData;
 use crate::error::{Error, Result};
 use crate::graph::{flags, Graph, NodeId, SlabRange, Tensor};
@@ -50,6 +50,18 @@ impl Graph {
     }
 
     pub(crate) fn realize_ids(&self, targets: &[NodeId]) -> Result<()> {
+        self.realize_ids_observed(targets, &mut |_, _| Ok(()))
+    }
+
+    /// `realize_ids`, telling `computed(node, buffer)` about every node right
+    /// after its kernel has run (been recorded, on a backend that batches),
+    /// in execution order. The observer must not touch this graph; an error
+    /// it returns stops the execution like a kernel error.
+    pub(crate) fn realize_ids_observed(
+        &self,
+        targets: &[NodeId],
+        computed: &mut dyn FnMut(NodeId, BufferId) -> Result<()>,
+    ) -> Result<()> {
         let Some(&max) = targets.iter().max() else { return Ok(()) };
         let device = self.device().clone();
         let backend = device.backend();
@@ -101,7 +113,7 @@ impl Graph {
             let output = match device.take_buffer(node.dtype, len) {
                 Ok(b) => b,
                 Err(e) => {
-                    result = Err(e.at(node.location));
+                    result = Err(e.for_op(node.op.name()).at(node.location));
                     break;
                 }
             };
@@ -129,6 +141,10 @@ impl Graph {
             drop(inputs);
             state.values[id] = Some(output);
             state.owned.push(id as NodeId);
+            if let Err(e) = computed(id as NodeId, output) {
+                result = Err(e);
+                break;
+            }
 
             // Release inputs whose last consumer this was.
             for k in 0..node.inputs.len as usize {

@@ -28,7 +28,7 @@ use crate::dtype::{DType, Element, HostData};
 use crate::error::{Error, Result};
 use crate::op::Op;
 use crate::param::Param;
-use crate::shape::{fmt_dims, Dims, MAX_RANK};
+use crate::shape::{check_shape, fmt_dims, Dims, MAX_RANK};
 
 pub type NodeId = u32;
 
@@ -313,8 +313,7 @@ impl Graph {
         variable: bool,
         location: &'static Location<'static>,
     ) -> Result<Tensor<'_>> {
-        check_rank("Input", dims).map_err(|e| e.at(location))?;
-        let expected: usize = dims.iter().product();
+        let expected = check_shape("Input", dims, data.dtype()).map_err(|e| e.at(location))?;
         if data.len() != expected {
             return Err(Error::shape(
                 "Input",
@@ -324,7 +323,7 @@ impl Graph {
         }
         let buffer = self.device.upload(&data).map_err(|e| e.at(location))?;
         let flags = if variable { flags::REQUIRES_GRAD | flags::VARIABLE } else { 0 };
-        let id = self.push_node(Op::Input, &[], dims, data.dtype(), flags, location);
+        let id = self.push_node(Op::Input, &[], dims, data.dtype(), flags, location)?;
         let mut state = self.state.borrow_mut();
         state.values[id as usize] = Some(buffer);
         state.owned.push(id);
@@ -335,7 +334,7 @@ impl Graph {
     #[track_caller]
     pub fn full(&self, dims: &[usize], value: f64, dtype: DType) -> Result<Tensor<'_>> {
         check_rank("Full", dims)?;
-        Ok(self.tensor(self.push_node(Op::Full(value), &[], dims, dtype, 0, Location::caller())))
+        Ok(self.tensor(self.push_node(Op::Full(value), &[], dims, dtype, 0, Location::caller())?))
     }
 
     #[track_caller]
@@ -363,7 +362,7 @@ impl Graph {
         if !start.is_finite() || !step.is_finite() {
             return Err(Error::invalid("Arange", format!("start {start} and step {step} must be finite")));
         }
-        Ok(self.tensor(self.push_node(Op::Arange { start, step }, &[], &[len], dtype, 0, Location::caller())))
+        Ok(self.tensor(self.push_node(Op::Arange { start, step }, &[], &[len], dtype, 0, Location::caller())?))
     }
 
     /// Use a parameter in this graph: a leaf that refers to the parameter's
@@ -397,7 +396,7 @@ impl Graph {
         let index = self.state.borrow().params.len() as u32;
         let dims = param.dims();
         let flag = if requires { flags::REQUIRES_GRAD } else { 0 };
-        let id = self.push_node(Op::Param(index), &[], &dims, param.dtype(), flag, Location::caller());
+        let id = self.push_node(Op::Param(index), &[], &dims, param.dtype(), flag, Location::caller())?;
         let mut state = self.state.borrow_mut();
         state.values[id as usize] = Some(param.buffer());
         state.params.push((param.clone(), id, param.version()));
@@ -406,7 +405,9 @@ impl Graph {
 
     // ----- node plumbing ---------------------------------------------------
 
-    /// Append a node. Callers have validated everything; this cannot fail.
+    /// Append a node. Callers have validated the operands; this checks the
+    /// result's shape (rank, element count and byte size within kiln's
+    /// limits, see `shape::check_shape`), the one check every node passes.
     pub(crate) fn push_node(
         &self,
         op: Op,
@@ -415,7 +416,8 @@ impl Graph {
         dtype: DType,
         flags: u8,
         location: &'static Location<'static>,
-    ) -> NodeId {
+    ) -> Result<NodeId> {
+        check_shape(op.name(), dims, dtype).map_err(|e| e.at(location))?;
         let mut state = self.state.borrow_mut();
         let id = state.nodes.len() as NodeId;
         let inputs_range = SlabRange { start: state.input_slab.len() as u32, len: inputs.len() as u32 };
@@ -424,7 +426,7 @@ impl Graph {
         state.dims_slab.extend_from_slice(dims);
         state.nodes.push(Node { op, inputs: inputs_range, dims: dims_range, dtype, flags, location });
         state.values.push(None);
-        id
+        Ok(id)
     }
 
     pub(crate) fn mark(&self) -> GraphMark {

@@ -16,6 +16,7 @@ pub mod error;
 mod exec;
 pub mod gradcheck;
 pub mod graph;
+pub mod memory;
 pub mod nn;
 pub mod op;
 mod ops;

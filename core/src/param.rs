@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::dtype::{DType, Element, HostData};
 use crate::error::{Error, Result};
 use crate::op::{BinaryOp, Op};
-use crate::shape::{fmt_dims, Dims};
+use crate::shape::{check_shape, fmt_dims, Dims};
 
 /// A trainable tensor: a persistent device buffer plus its gradient buffer.
 /// Cloning shares the parameter (a module and its optimizer hold the same
@@ -38,20 +38,21 @@ impl Param {
 
     #[track_caller]
     pub fn from_host(device: &Device, name: &str, data: HostData, dims: &[usize]) -> Result<Param> {
+        let location = std::panic::Location::caller();
         if !data.dtype().is_float() {
             return Err(Error::dtype(
                 "Param",
                 format!("parameter '{name}' must be floating point, got {}", data.dtype()),
             ));
         }
-        let numel: usize = dims.iter().product();
+        let numel = check_shape("Param", dims, data.dtype())?;
         if data.len() != numel {
             return Err(Error::shape(
                 "Param",
                 format!("parameter '{name}': {} values for shape {}", data.len(), fmt_dims(dims)),
             ));
         }
-        let value = device.upload(&data)?;
+        let value = device.upload(&data).map_err(|e| e.for_op("Param").at(location))?;
         Ok(Param(Rc::new(ParamShared {
             device: device.clone(),
             name: RefCell::new(name.to_string()),
@@ -150,6 +151,35 @@ impl Param {
         self.0.device.backend().upload(self.0.value, data)?;
         self.bump_version();
         Ok(())
+    }
+
+    /// Replace the accumulated gradient with `data` (same dtype and size as
+    /// the parameter). Data-parallel training writes the gradient averaged
+    /// over all processes back this way; the optimizer then reads it as
+    /// usual.
+    #[track_caller]
+    pub fn set_grad(&self, data: &HostData) -> Result<()> {
+        if data.dtype() != self.0.dtype || data.len() != self.numel() {
+            return Err(Error::shape(
+                "Param::set_grad",
+                format!(
+                    "parameter '{}' is {} {}, got {} values of {}",
+                    self.name(),
+                    fmt_dims(&self.0.dims),
+                    self.0.dtype,
+                    data.len(),
+                    data.dtype()
+                ),
+            ));
+        }
+        match self.0.grad.get() {
+            Some(buffer) => self.0.device.backend().upload(buffer, data),
+            None => {
+                let buffer = self.0.device.upload(data)?;
+                self.0.grad.set(Some(buffer));
+                Ok(())
+            }
+        }
     }
 
     /// Overwrite the values with a graph tensor's (computed now). For state

@@ -36,7 +36,9 @@ pub use kiln_core::*;
 pub mod bench;
 pub mod checkpoint;
 pub mod devices;
+pub mod distributed;
 pub mod models;
+pub mod snapshot;
 pub mod train;
 
 pub use devices::DeviceSelection;

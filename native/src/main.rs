@@ -12,7 +12,8 @@ use kiln::data::{self, DatasetSplit};
 use kiln::models;
 use kiln::nn::Module;
 use kiln::optim::Adam;
-use kiln::train::{train_classifier, TrainConfig};
+use kiln::snapshot::{load_snapshot, save_snapshot, RunShape};
+use kiln::train::{run_classifier, Position, Replicas, SingleProcess, TrainConfig};
 use kiln::{Device, DeviceSelection, Error, Result};
 
 #[derive(Parser)]
@@ -22,6 +23,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Train a classifier (default: an MLP on the embedded 8x8 digits).
@@ -93,14 +96,48 @@ struct TrainArgs {
     /// Start from parameters saved with --save (same --model/--hidden).
     #[arg(long)]
     load: Option<PathBuf>,
+    /// Write a resumable snapshot (model, optimizer, position) into this
+    /// directory after every epoch (and every --checkpoint-every steps).
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Also snapshot every this many steps within an epoch.
+    #[arg(long, default_value_t = 0, requires = "checkpoint_dir")]
+    checkpoint_every: usize,
+    /// Continue the run whose snapshot is in this directory (same --batch-size
+    /// and --seed; any number of processes).
+    #[arg(long, conflicts_with = "load")]
+    resume: Option<PathBuf>,
+    #[command(flatten)]
+    distributed: DistributedArgs,
+}
+
+/// Data-parallel training over MPI: start with `mpirun -np N kiln train
+/// --distributed …` (a kiln built with `--features mpi`). --batch-size is
+/// then the global batch, split across the processes.
+#[derive(clap::Args)]
+struct DistributedArgs {
+    /// Train on every process mpirun started, each on its shard of every batch.
+    #[arg(long)]
+    distributed: bool,
+    /// Largest gradient message in MiB.
+    #[arg(long, default_value_t = 4.0)]
+    bucket_mb: f64,
+    /// Exchange gradients only after backward, not during it.
+    #[arg(long)]
+    no_overlap: bool,
 }
 
 #[derive(clap::Args)]
 struct BenchArgs {
+    /// Under mpirun (a kiln built with --features mpi): all-reduce
+    /// bandwidth and latency from 4 KB to 64 MB, and the W1 step time on
+    /// 1, 2, 4, … of the processes, instead of the workloads.
+    #[arg(long)]
+    distributed: bool,
     /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
     #[arg(long, env = "KILN_DEVICE", default_value = "cpu")]
     device: String,
-    /// Workloads to run (W1, W2, W3, W4).
+    /// Workloads to run (W1, W2, W3, W4; with --distributed: allreduce, W1).
     #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
 }
@@ -126,9 +163,45 @@ fn load(args: &TrainArgs) -> Result<DatasetSplit> {
     }
 }
 
+#[cfg(feature = "mpi")]
+type WorldRef<'a> = Option<&'a kiln::distributed::World>;
+/// Without MPI support there is never a world.
+#[cfg(not(feature = "mpi"))]
+type WorldRef<'a> = Option<std::convert::Infallible>;
+
+#[cfg(feature = "mpi")]
+fn rank_and_size(world: WorldRef<'_>) -> (usize, usize) {
+    world.map_or((0, 1), |w| (w.rank(), w.size()))
+}
+#[cfg(not(feature = "mpi"))]
+fn rank_and_size(_world: WorldRef<'_>) -> (usize, usize) {
+    (0, 1)
+}
+
 fn train(args: TrainArgs) -> Result<()> {
+    if !args.distributed.distributed {
+        return train_on(&args, None);
+    }
+    #[cfg(feature = "mpi")]
+    {
+        let world = kiln::distributed::World::init()?;
+        let result = train_on(&args, Some(&world));
+        world.abort_on_error(result);
+        Ok(())
+    }
+    #[cfg(not(feature = "mpi"))]
+    Err(Error::unsupported(
+        "train",
+        "--distributed needs a kiln built with MPI support: cargo build --release -p kiln --features mpi",
+    ))
+}
+
+/// One process's part of `kiln train`; `world` is Some under --distributed.
+fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
+    let (rank, size) = rank_and_size(world);
+    let root = rank == 0;
     let digits = args.dataset == DatasetName::Digits;
-    let split = load(&args)?;
+    let split = load(args)?;
     let device = Device::from_name(&args.device)?;
     let cnn = args.model == ModelName::Cnn;
     let (model, description) = if cnn {
@@ -141,13 +214,9 @@ fn train(args: TrainArgs) -> Result<()> {
         widths.push(split.train.classes);
         (models::mlp(&device, &widths, args.seed)?, format!("MLP {widths:?}"))
     };
-    if let Some(path) = &args.load {
-        kiln::checkpoint::load(path, &model)?;
-        println!("loaded {}", path.display());
-    }
     let lr = args.lr.unwrap_or(if digits { 3e-3 } else { 1e-3 });
     let mut optimizer = Adam::new(model.parameters(), lr)?;
-    let config = TrainConfig {
+    let mut config = TrainConfig {
         epochs: args.epochs.unwrap_or(if digits { 30 } else { 10 }),
         batch_size: args.batch_size.unwrap_or(if digits {
             32
@@ -158,31 +227,85 @@ fn train(args: TrainArgs) -> Result<()> {
         }),
         seed: args.seed,
         lr_decay: if digits { 0.93 } else { 0.8 },
+        start: Position::default(),
+        snapshot_every: args.checkpoint_every,
     };
-    println!(
-        "kiln train: {description} ({} parameters) on {} ({} train / {} test), device {}",
-        model.num_parameters(),
-        match args.dataset {
-            DatasetName::Digits => "embedded digits",
-            DatasetName::Mnist => "MNIST",
-            DatasetName::FashionMnist => "Fashion-MNIST",
-        },
-        split.train.len,
-        split.test.len,
-        device.name()
-    );
+    let shape = RunShape { batch_size: config.batch_size, seed: config.seed };
+    // Only rank 0 reads files; the others receive what it read.
+    if root {
+        if let Some(path) = &args.load {
+            kiln::checkpoint::load(path, &model)?;
+            println!("loaded {}", path.display());
+        }
+        if let Some(dir) = &args.resume {
+            config.start = load_snapshot(dir, &model, &mut optimizer, shape)?;
+            println!("resuming {} at epoch {} step {}", dir.display(), config.start.epoch + 1, config.start.step);
+        }
+    }
+    let mut replicas = make_replicas(args, world, &model, &mut optimizer, &mut config)?;
+    if config.start.epoch >= config.epochs {
+        return Err(Error::invalid(
+            "train",
+            format!(
+                "the snapshot is at epoch {} of the run; ask for more --epochs than that to continue it",
+                config.start.epoch
+            ),
+        ));
+    }
+    if root {
+        println!(
+            "kiln train: {description} ({} parameters) on {} ({} train / {} test), device {}{}",
+            model.num_parameters(),
+            match args.dataset {
+                DatasetName::Digits => "embedded digits",
+                DatasetName::Mnist => "MNIST",
+                DatasetName::FashionMnist => "Fashion-MNIST",
+            },
+            split.train.len,
+            split.test.len,
+            device.name(),
+            if size > 1 {
+                format!(
+                    ", {size} processes (global batch {}, about {} each)",
+                    config.batch_size,
+                    config.batch_size.div_ceil(size)
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     let steps = config.epochs * split.train.len.div_ceil(config.batch_size);
-    let bar = ProgressBar::new(steps as u64);
+    let bar = if root { ProgressBar::new(steps as u64) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
             .expect("static template"),
     );
+    let done = config.start.epoch * split.train.len.div_ceil(config.batch_size) + config.start.step;
+    bar.set_position(done as u64);
     let mut on_step = |epoch: usize, _step: usize, _per_epoch: usize, loss: f64, rate: f64| {
         bar.inc(1);
         bar.set_message(format!("epoch {} loss {loss:.4} {rate:.0} samples/s", epoch + 1));
     };
-    let report = train_classifier(&device, &model, &mut optimizer, &split.train, &split.test, &config, &mut on_step)?;
+    let mut snapshot = |position: &Position, optimizer: &Adam| match &args.checkpoint_dir {
+        Some(dir) => save_snapshot(dir, &model, optimizer, position, shape),
+        None => Ok(()),
+    };
+    let report = run_classifier(
+        replicas.as_mut(),
+        &device,
+        &model,
+        &mut optimizer,
+        &split.train,
+        &split.test,
+        &config,
+        &mut on_step,
+        &mut snapshot,
+    )?;
     bar.finish();
+    if !root {
+        return Ok(());
+    }
     for (epoch, acc) in &report.test_accuracy {
         println!("epoch {epoch:>3}: test accuracy {:.2}%", acc * 100.0);
     }
@@ -196,6 +319,9 @@ fn train(args: TrainArgs) -> Result<()> {
     plot::write_training_curves(&args.plot, "kiln train", &report.losses, &report.test_accuracy)
         .map_err(|e| Error::io("train", e))?;
     println!("wrote {}", args.plot.display());
+    if let Some(dir) = &args.checkpoint_dir {
+        println!("snapshots in {} (continue with --resume {})", dir.display(), dir.display());
+    }
     if let Some(path) = &args.save {
         kiln::checkpoint::save(path, &model)?;
         println!("saved the model to {}", path.display());
@@ -203,7 +329,72 @@ fn train(args: TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// One process, or data parallelism over `world`: the model and (when
+/// resuming) the optimizer state and position are copied from rank 0.
+#[cfg(feature = "mpi")]
+fn make_replicas(
+    args: &TrainArgs,
+    world: WorldRef<'_>,
+    model: &dyn Module,
+    optimizer: &mut Adam,
+    config: &mut TrainConfig,
+) -> Result<Box<dyn Replicas>> {
+    use kiln::distributed::{DataParallel, DataParallelOptions};
+    let Some(world) = world else { return Ok(Box::new(SingleProcess)) };
+    let d = &args.distributed;
+    if !(d.bucket_mb > 0.0 && d.bucket_mb.is_finite()) {
+        return Err(Error::invalid("train", format!("--bucket-mb {} must be a positive number", d.bucket_mb)));
+    }
+    let options =
+        DataParallelOptions { bucket_bytes: ((d.bucket_mb * 1048576.0) as usize).max(4), overlap: !d.no_overlap };
+    let ddp = DataParallel::new(world, model, options)?;
+    if args.resume.is_some() {
+        ddp.broadcast_optimizer(optimizer)?;
+        let mut position = [config.start.epoch as u64, config.start.step as u64];
+        ddp.comm().broadcast(0, &mut position);
+        config.start = Position { epoch: position[0] as usize, step: position[1] as usize };
+    }
+    Ok(Box::new(ddp))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn make_replicas(
+    _args: &TrainArgs,
+    _world: WorldRef<'_>,
+    _model: &dyn Module,
+    _optimizer: &mut Adam,
+    _config: &mut TrainConfig,
+) -> Result<Box<dyn Replicas>> {
+    Ok(Box::new(SingleProcess))
+}
+
 fn run_bench(args: BenchArgs) -> Result<()> {
+    if args.distributed {
+        #[cfg(feature = "mpi")]
+        {
+            let world = kiln::distributed::World::init()?;
+            let result = (|| {
+                let device = Device::from_name(&args.device)?;
+                let wants = |name: &str| args.workloads.iter().any(|w| w.eq_ignore_ascii_case(name));
+                // The default workload list means "everything".
+                let all = args.workloads.len() == 4 && wants("W1") && wants("W4");
+                kiln::distributed::bench::run(
+                    &world,
+                    &device,
+                    backend_label(&device),
+                    all || wants("allreduce"),
+                    all || wants("W1"),
+                )
+            })();
+            world.abort_on_error(result);
+            return Ok(());
+        }
+        #[cfg(not(feature = "mpi"))]
+        return Err(Error::unsupported(
+            "bench",
+            "--distributed needs a kiln built with MPI support: cargo build --release -p kiln --features mpi",
+        ));
+    }
     let device = Device::from_name(&args.device)?;
     let backend = backend_label(&device);
     eprintln!("kiln bench on {}", device.name());

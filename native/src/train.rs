@@ -16,6 +16,11 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Multiply the learning rate by this after every epoch.
     pub lr_decay: f64,
+    /// Where to begin (a resumed run starts past 0).
+    pub start: Position,
+    /// Call the snapshot hook every this many steps within an epoch (0:
+    /// only at the end of each epoch).
+    pub snapshot_every: usize,
 }
 
 /// What happened during training: per-step losses, per-epoch accuracy.
@@ -45,25 +50,86 @@ pub fn count_correct<'g>(logits: Tensor<'g>, labels: Tensor<'g>) -> Result<Tenso
 
 /// Test-set accuracy in [0, 1], evaluated in batches under no_grad.
 pub fn evaluate(device: &Device, model: &dyn Module, data: &Dataset, batch_size: usize) -> Result<f64> {
+    evaluate_with(&mut SingleProcess, device, model, data, batch_size)
+}
+
+/// How a training step's gradients are combined: one process
+/// ([`SingleProcess`]) or many (`distributed::DataParallel`, feature `mpi`).
+/// The loop below is the same for both.
+pub trait Replicas {
+    /// This process's index, 0 for one process.
+    fn rank(&self) -> usize;
+    /// Number of processes training together.
+    fn size(&self) -> usize;
+    /// Differentiate this process's mean loss over its shard of the global
+    /// batch (`weight` = shard / global batch) and leave the gradient of the
+    /// global batch's mean loss in the parameters; returns that mean loss.
+    /// `None` when this process's shard is empty (it still takes part).
+    fn backward(&mut self, loss: Option<Tensor<'_>>, weight: f64) -> Result<f64>;
+    /// Element-wise sum over processes (evaluation counts).
+    fn sum(&mut self, values: &mut [f64]) -> Result<()>;
+}
+
+/// One process: plain `backward`.
+pub struct SingleProcess;
+
+impl Replicas for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn backward(&mut self, loss: Option<Tensor<'_>>, _weight: f64) -> Result<f64> {
+        let loss = loss.ok_or_else(|| Error::invalid("train", "an empty batch"))?;
+        loss.backward()?;
+        loss.item_blocking()
+    }
+    fn sum(&mut self, _values: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Where a training run stands: the next global step to take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    pub epoch: usize,
+    /// Global batch index within the epoch.
+    pub step: usize,
+}
+
+/// Test-set accuracy in [0, 1] over all processes: each evaluates its
+/// contiguous share of `data` and the correct counts are summed.
+pub fn evaluate_with(
+    replicas: &mut dyn Replicas,
+    device: &Device,
+    model: &dyn Module,
+    data: &Dataset,
+    batch_size: usize,
+) -> Result<f64> {
     if data.is_empty() {
         return Err(Error::invalid("evaluate", "the evaluation set is empty"));
     }
+    let share = crate::distributed::shard_range(data.len, replicas.rank(), replicas.size());
+    let indices: Vec<usize> = share.collect();
     model.set_training(false);
-    let mut graph = Graph::new(device);
-    let mut correct = 0.0;
-    for batch in data.batches(batch_size, None, 0)? {
-        graph.reset();
-        let _no_grad = graph.no_grad();
-        let x = graph.tensor_from(&batch.images, &[batch.len, data.features])?;
-        let y = graph.tensor_from(&batch.labels, &[batch.len])?;
-        let counted = count_correct(model.forward(x)?, y).and_then(|c| c.item_blocking());
-        if counted.is_err() {
-            model.set_training(true);
+    let counted = (|| {
+        let mut graph = Graph::new(device);
+        let mut correct = 0.0;
+        for chunk in indices.chunks(batch_size.max(1)) {
+            let batch = crate::distributed::gather(data, chunk)?;
+            graph.reset();
+            let _no_grad = graph.no_grad();
+            let x = graph.tensor_from(&batch.images, &[batch.len, data.features])?;
+            let y = graph.tensor_from(&batch.labels, &[batch.len])?;
+            correct += count_correct(model.forward(x)?, y)?.item_blocking()?;
         }
-        correct += counted?;
-    }
+        Ok(correct)
+    })();
     model.set_training(true);
-    Ok(correct / data.len as f64)
+    let mut correct = [counted?];
+    replicas.sum(&mut correct)?;
+    Ok(correct[0] / data.len as f64)
 }
 
 /// Train `model` on `train` with `optimizer`, measuring accuracy on `test`
@@ -77,35 +143,79 @@ pub fn train_classifier(
     config: &TrainConfig,
     on_step: StepCallback<'_>,
 ) -> Result<TrainReport> {
-    let steps_per_epoch = train.len.div_ceil(config.batch_size.max(1));
+    run_classifier(&mut SingleProcess, device, model, optimizer, train, test, config, on_step, &mut |_, _| Ok(()))
+}
+
+/// `train_classifier` on one or many processes (`replicas`), from
+/// `config.start`, calling `snapshot(position, optimizer)` on rank 0 every
+/// `config.snapshot_every` steps (0: never) and after every epoch — where a
+/// caller writes checkpoints (see `crate::snapshot`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_classifier<O: Optimizer + ?Sized>(
+    replicas: &mut dyn Replicas,
+    device: &Device,
+    model: &dyn Module,
+    optimizer: &mut O,
+    train: &Dataset,
+    test: &Dataset,
+    config: &TrainConfig,
+    on_step: StepCallback<'_>,
+    snapshot: &mut dyn FnMut(&Position, &O) -> Result<()>,
+) -> Result<TrainReport> {
+    let sampler = crate::distributed::DistributedSampler::new(
+        train.len,
+        config.batch_size,
+        replicas.rank(),
+        replicas.size(),
+        Some(config.seed),
+    )?;
+    let steps_per_epoch = sampler.steps_per_epoch();
     let mut report = TrainReport::default();
     let mut graph = Graph::new(device);
     let start = Instant::now();
     let mut samples = 0usize;
-    for epoch in 0..config.epochs {
-        for (step, batch) in train.batches(config.batch_size, Some(config.seed), epoch as u64)?.enumerate() {
+    let root = replicas.rank() == 0;
+    for epoch in config.start.epoch..config.epochs {
+        let first = if epoch == config.start.epoch { config.start.step } else { 0 };
+        for shard in sampler.epoch(epoch as u64, first) {
+            let step = shard.step;
             graph.reset();
-            let x = graph.tensor_from(&batch.images, &[batch.len, train.features])?;
-            let y = graph.tensor_from(&batch.labels, &[batch.len])?;
-            let loss = cross_entropy(model.forward(x)?, y)?;
+            let loss = if shard.indices.is_empty() {
+                None
+            } else {
+                let batch = crate::distributed::gather(train, &shard.indices)?;
+                let x = graph.tensor_from(&batch.images, &[batch.len, train.features])?;
+                let y = graph.tensor_from(&batch.labels, &[batch.len])?;
+                Some(cross_entropy(model.forward(x)?, y)?)
+            };
             optimizer.zero_grad();
-            loss.backward()?;
-            optimizer.step()?;
-            let loss = loss.item_blocking()?;
+            let loss = replicas.backward(loss, shard.weight())?;
             if !loss.is_finite() {
                 return Err(Error::invalid(
                     "train",
                     format!("loss became {loss} at epoch {epoch} step {step}; lower the learning rate"),
                 ));
             }
-            samples += batch.len;
+            optimizer.step()?;
+            samples += shard.global_len;
             let rate = samples as f64 / start.elapsed().as_secs_f64().max(1e-9);
             report.losses.push((epoch as f64 + step as f64 / steps_per_epoch as f64, loss));
             on_step(epoch, step, steps_per_epoch, loss, rate);
+            let next = Position { epoch, step: step + 1 };
+            if root
+                && config.snapshot_every > 0
+                && (step + 1) % config.snapshot_every == 0
+                && step + 1 < steps_per_epoch
+            {
+                snapshot(&next, optimizer)?;
+            }
         }
-        report.test_accuracy.push(((epoch + 1) as f64, evaluate(device, model, test, 1000)?));
+        report.test_accuracy.push(((epoch + 1) as f64, evaluate_with(replicas, device, model, test, 1000)?));
         let lr = optimizer.learning_rate();
         optimizer.set_learning_rate(lr * config.lr_decay);
+        if root {
+            snapshot(&Position { epoch: epoch + 1, step: 0 }, optimizer)?;
+        }
     }
     report.seconds = start.elapsed().as_secs_f64();
     report.samples_per_second = samples as f64 / report.seconds.max(1e-9);

@@ -11,8 +11,10 @@ pub mod rules;
 
 use smallvec::SmallVec;
 
+use crate::backend::BufferId;
 use crate::error::{Error, Result};
 use crate::graph::{flags, Graph, NodeId, Tensor};
+use crate::param::Param;
 
 /// Options for `Tensor::backward_with_options`.
 #[derive(Clone, Copy, Default)]
@@ -126,6 +128,25 @@ impl<'g> Tensor<'g> {
     /// Backward with every option. Failure-atomic: on error, no parameter,
     /// gradient or graph node has changed.
     pub fn backward_with_options(self, options: BackwardOptions<'g>) -> Result<()> {
+        self.backward_observed(options, &mut |_, _| Ok(()))
+    }
+
+    /// `backward_with_options`, calling `grad_ready(param, buffer)` for
+    /// every parameter as soon as the executor has computed the gradient
+    /// this pass contributes to it (before it is added into `.grad`), while
+    /// the rest of the backward pass is still to run: gradients of the last
+    /// layers come first. This is what lets data-parallel training start
+    /// exchanging early gradients during backward. `buffer` holds
+    /// `param.numel()` values of `param.dtype()` on the parameter's device;
+    /// on a backend that records kernels and submits them at the end (wgpu)
+    /// its contents are not final until `backward` returns, so read it there
+    /// only after. An error from `grad_ready` fails the backward pass
+    /// (failure-atomic, as above).
+    pub fn backward_observed(
+        self,
+        options: BackwardOptions<'g>,
+        grad_ready: &mut dyn FnMut(&Param, BufferId) -> Result<()>,
+    ) -> Result<()> {
         let graph = self.graph;
         check_root("backward", &self)?;
         if graph.state.borrow().differentiated {
@@ -139,7 +160,7 @@ impl<'g> Tensor<'g> {
 
         let mark = graph.mark();
         let first_new = graph.len() as NodeId;
-        let plan = self.plan_backward(options, first_new);
+        let plan = self.plan_backward(options, first_new, grad_ready);
         let plan = match plan {
             Ok(plan) => plan,
             Err(e) => {
@@ -152,7 +173,12 @@ impl<'g> Tensor<'g> {
     }
 
     /// Build and run the gradient nodes; changes nothing outside the graph.
-    fn plan_backward(self, options: BackwardOptions<'g>, first_new: NodeId) -> Result<BackwardPlan> {
+    fn plan_backward(
+        self,
+        options: BackwardOptions<'g>,
+        first_new: NodeId,
+        grad_ready: &mut dyn FnMut(&Param, BufferId) -> Result<()>,
+    ) -> Result<BackwardPlan> {
         let graph = self.graph;
         let _no_grad = graph.set_grad_enabled(false);
         let seed = match options.seed {
@@ -188,7 +214,29 @@ impl<'g> Tensor<'g> {
         // Without keep_graph, saved forward values are released at their
         // last use by the gradient nodes.
         graph.state.borrow_mut().differentiated = !options.keep_graph;
-        graph.realize_ids(&targets)?;
+        // (gradient node, parameter, told yet), sorted by node so that the
+        // observer finds a computed node's parameters by binary search.
+        let mut watched: Vec<(NodeId, Param, bool)> = {
+            let state = graph.state.borrow();
+            plan.params.iter().map(|&(index, g)| (g, state.params[index].0.clone(), false)).collect()
+        };
+        watched.sort_by_key(|w| w.0);
+        graph.realize_ids_observed(&targets, &mut |node, buffer| {
+            let first = watched.partition_point(|w| w.0 < node);
+            for (_, param, told) in watched[first..].iter_mut().take_while(|w| w.0 == node) {
+                *told = true;
+                grad_ready(param, buffer)?;
+            }
+            Ok(())
+        })?;
+        // A gradient node that already had a value (a leaf, such as the
+        // seed when the root is a parameter) was never computed here.
+        for (node, param, told) in &watched {
+            if !told {
+                let buffer = graph.state.borrow().values[*node as usize].expect("gradient was realized");
+                grad_ready(param, buffer)?;
+            }
+        }
         Ok(plan)
     }
 }

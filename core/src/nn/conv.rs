@@ -10,6 +10,7 @@ use crate::graph::Tensor;
 use crate::op::Window2d;
 use crate::param::Param;
 use crate::rng::SplitMix64;
+use crate::shape::{check_shape, checked_numel};
 
 /// Options shared by the convolution layers: stride, padding, dilation
 /// (height, width), groups, bias.
@@ -28,6 +29,7 @@ impl Default for ConvOptions {
     }
 }
 
+#[track_caller]
 fn dims4(op: &'static str, x: &Tensor<'_>, channels: usize) -> Result<[usize; 4]> {
     let d = x.dims();
     if d.len() != 4 || d[1] != channels {
@@ -37,20 +39,28 @@ fn dims4(op: &'static str, x: &Tensor<'_>, channels: usize) -> Result<[usize; 4]
 }
 
 /// A convolution's weight (`weight_dims`) and, when `bias`, its bias [out]:
-/// PyTorch's default initialisation, uniform ±1/√fan_in, f32, weight first.
+/// PyTorch's default initialisation, uniform ±1/√fan_in with fan_in = the
+/// weight's elements per output channel (`weight_dims[0]` for a
+/// convolution, `weight_dims[1]` for a transposed one), f32, weight first.
+#[track_caller]
 fn conv_params(
     device: &Device,
+    op: &'static str,
     weight_dims: [usize; 4],
-    fan_in: usize,
+    fan_out_axis: usize,
     bias: bool,
     out_channels: usize,
     seed: u64,
 ) -> Result<(Param, Option<Param>)> {
+    let numel = check_shape(op, &weight_dims, DType::F32)?;
+    let fan_in = numel / weight_dims[fan_out_axis];
     let bound = 1.0 / (fan_in as f64).sqrt();
     let mut rng = SplitMix64::new(seed);
-    let weight = uniform_param(device, "weight", &weight_dims, bound, &mut rng, DType::F32)?;
-    let bias =
-        if bias { Some(uniform_param(device, "bias", &[out_channels], bound, &mut rng, DType::F32)?) } else { None };
+    let weight = uniform_param(device, op, "weight", &weight_dims, bound, &mut rng, DType::F32)?;
+    let bias = match bias {
+        true => Some(uniform_param(device, op, "bias", &[out_channels], bound, &mut rng, DType::F32)?),
+        false => None,
+    };
     Ok((weight, bias))
 }
 
@@ -82,6 +92,7 @@ pub struct Conv2d {
 
 impl Conv2d {
     /// PyTorch's default initialisation (uniform ±1/√fan_in), f32.
+    #[track_caller]
     pub fn new(
         device: &Device,
         in_channels: usize,
@@ -98,9 +109,8 @@ impl Conv2d {
             ));
         }
         let window = Window2d::new(kernel, options.stride, options.padding, options.dilation)?;
-        let fan_in = in_channels / g * kernel[0] * kernel[1];
         let weight_dims = [out_channels, in_channels / g, kernel[0], kernel[1]];
-        let (weight, bias) = conv_params(device, weight_dims, fan_in, options.bias, out_channels, seed)?;
+        let (weight, bias) = conv_params(device, "Conv2d", weight_dims, 0, options.bias, out_channels, seed)?;
         Ok(Conv2d { weight, bias, in_channels, out_channels, kernel, window, groups: g })
     }
 }
@@ -109,9 +119,9 @@ impl Module for Conv2d {
     fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
         let [n, _, h, w] = dims4("Conv2d", &x, self.in_channels)?;
         let graph = x.graph();
-        let [oh, ow] = self.window.output_size([h, w]).ok_or_else(|| {
-            Error::shape("Conv2d", format!("a {:?} kernel does not fit a {h}x{w} input", self.kernel))
-        })?;
+        let Some([oh, ow]) = self.window.output_size([h, w]) else {
+            return Err(Error::shape("Conv2d", format!("a {:?} kernel does not fit a {h}x{w} input", self.kernel)));
+        };
         let (g, k) = (self.groups, self.window.kernel_elements());
         let cols = x.im2col(self.window)?;
         let weight = graph.param(&self.weight)?;
@@ -146,6 +156,7 @@ pub struct ConvTranspose2d {
 impl ConvTranspose2d {
     /// `options.groups` must be 1; `output_padding` adds rows/columns at the
     /// bottom/right of the output (must be smaller than the stride).
+    #[track_caller]
     pub fn new(
         device: &Device,
         in_channels: usize,
@@ -168,9 +179,8 @@ impl ConvTranspose2d {
             ));
         }
         let window = Window2d::new(kernel, options.stride, options.padding, options.dilation)?;
-        let fan_in = out_channels * kernel[0] * kernel[1];
         let weight_dims = [in_channels, out_channels, kernel[0], kernel[1]];
-        let (weight, bias) = conv_params(device, weight_dims, fan_in, options.bias, out_channels, seed)?;
+        let (weight, bias) = conv_params(device, "ConvTranspose2d", weight_dims, 0, options.bias, out_channels, seed)?;
         Ok(ConvTranspose2d { weight, bias, in_channels, out_channels, kernel, window, output_padding })
     }
 }
@@ -179,16 +189,23 @@ impl Module for ConvTranspose2d {
     fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
         let [n, _, h, w] = dims4("ConvTranspose2d", &x, self.in_channels)?;
         let graph = x.graph();
+        // (size - 1)·stride + dilation·(kernel - 1) + 1 + output_padding -
+        // 2·padding, in u128 (each term is below 2^64).
         let image = [0, 1].map(|a| {
-            let s = self.window.stride[a] as usize;
-            let d = self.window.dilation[a] as usize;
-            let p = self.window.pad_begin[a] as usize;
-            let size = [h, w][a];
-            ((size - 1) * s + d * (self.kernel[a] - 1) + 1 + self.output_padding[a]).checked_sub(2 * p)
+            let s = self.window.stride[a] as u128;
+            let d = self.window.dilation[a] as u128;
+            let p = self.window.pad_begin[a] as u128;
+            let size = [h, w][a] as u128;
+            let full =
+                size.saturating_sub(1) * s + d * (self.kernel[a] as u128 - 1) + 1 + self.output_padding[a] as u128;
+            full.checked_sub(2 * p).map(|v| usize::try_from(v).unwrap_or(usize::MAX))
         });
         let (Some(oh), Some(ow)) = (image[0], image[1]) else {
             return Err(Error::shape("ConvTranspose2d", "padding removes the whole output"));
         };
+        if h == 0 || w == 0 {
+            return Err(Error::shape("ConvTranspose2d", format!("the input image {h}x{w} is empty")));
+        }
         let k = self.window.kernel_elements();
         let weight = graph.param(&self.weight)?.reshape_to(&[self.in_channels, self.out_channels * k])?;
         // [in, out·k]ᵀ · [N, in, H·W] → [N, out·k, H·W], then fold.
@@ -243,14 +260,15 @@ impl AvgPool2d {
 }
 
 /// Mean over each window, as Im2Col → mean.
+#[track_caller]
 fn avg_pool<'g>(x: Tensor<'g>, window: Window2d) -> Result<Tensor<'g>> {
     let d = x.dims();
     if d.len() != 4 {
         return Err(Error::shape("AvgPool2d", format!("expects NCHW, got {:?}", d.as_slice())));
     }
-    let [oh, ow] = window.output_size([d[2], d[3]]).ok_or_else(|| {
-        Error::shape("AvgPool2d", format!("window {:?} does not fit {:?}", window.kernel, d.as_slice()))
-    })?;
+    let Some([oh, ow]) = window.output_size([d[2], d[3]]) else {
+        return Err(Error::shape("AvgPool2d", format!("window {:?} does not fit {:?}", window.kernel, d.as_slice())));
+    };
     let k = window.kernel_elements();
     x.im2col(window)?.reshape_to(&[d[0], d[1], k, oh * ow])?.mean(&[2], false)?.reshape_to(&[d[0], d[1], oh, ow])
 }
@@ -287,15 +305,19 @@ impl Module for AdaptiveAvgPool2d {
             return avg_pool(x, Window2d::new(k, k, [0, 0], [1, 1])?);
         }
         // Uneven windows: one slice and mean per output row and column.
-        let rows = (0..oh)
-            .map(|i| {
-                let band = x.slice_axis(2, i * h / oh, ((i + 1) * h).div_ceil(oh), 1)?;
-                let cells = (0..ow)
-                    .map(|j| band.slice_axis(3, j * w / ow, ((j + 1) * w).div_ceil(ow), 1)?.mean(&[2, 3], true))
-                    .collect::<Result<Vec<_>>>()?;
-                Tensor::concat(&cells, 3)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        // Loops, not closures, keep the caller's location on errors; the
+        // bounds are computed in u128 (i·h may exceed usize).
+        let start = |i: usize, n: usize, out: usize| (i as u128 * n as u128 / out as u128) as usize;
+        let end = |i: usize, n: usize, out: usize| ((i as u128 + 1) * n as u128).div_ceil(out as u128) as usize;
+        let mut rows = Vec::with_capacity(oh);
+        for i in 0..oh {
+            let band = x.slice_axis(2, start(i, h, oh), end(i, h, oh), 1)?;
+            let mut cells = Vec::with_capacity(ow);
+            for j in 0..ow {
+                cells.push(band.slice_axis(3, start(j, w, ow), end(j, w, ow), 1)?.mean(&[2, 3], true)?);
+            }
+            rows.push(Tensor::concat(&cells, 3)?);
+        }
         Tensor::concat(&rows, 2)
     }
     fn parameters(&self) -> Vec<Param> {
@@ -330,7 +352,7 @@ pub struct Unflatten {
 impl Module for Unflatten {
     fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
         let d = x.dims();
-        let features: usize = self.dims.iter().product();
+        let features = checked_numel("Unflatten", &self.dims)?;
         if d.len() != 2 || d[1] != features {
             return Err(Error::shape(
                 "Unflatten",

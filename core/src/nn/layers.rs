@@ -2,11 +2,13 @@
 
 use super::Module;
 use crate::device::Device;
-use crate::dtype::DType;
+use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
+use crate::memory::try_from_fn;
 use crate::param::Param;
 use crate::rng::SplitMix64;
+use crate::shape::check_shape;
 
 /// y = x · Wᵀ + b, with W stored [out, in] as in PyTorch (the transpose is
 /// free: the matmul kernel reads W with strides).
@@ -20,10 +22,12 @@ pub struct Linear {
 impl Linear {
     /// PyTorch's default initialisation: weight and bias uniform in
     /// ±1/√in_features, drawn from `seed`.
+    #[track_caller]
     pub fn new(device: &Device, in_features: usize, out_features: usize, bias: bool, seed: u64) -> Result<Linear> {
         Linear::with_dtype(device, in_features, out_features, bias, seed, DType::F32)
     }
 
+    #[track_caller]
     pub fn with_dtype(
         device: &Device,
         in_features: usize,
@@ -40,9 +44,11 @@ impl Linear {
         }
         let bound = 1.0 / (in_features as f64).sqrt();
         let mut rng = SplitMix64::new(seed);
-        let weight = uniform_param(device, "weight", &[out_features, in_features], bound, &mut rng, dtype)?;
-        let bias =
-            if bias { Some(uniform_param(device, "bias", &[out_features], bound, &mut rng, dtype)?) } else { None };
+        let weight = uniform_param(device, "Linear", "weight", &[out_features, in_features], bound, &mut rng, dtype)?;
+        let bias = match bias {
+            true => Some(uniform_param(device, "Linear", "bias", &[out_features], bound, &mut rng, dtype)?),
+            false => None,
+        };
         Ok(Linear { weight, bias, in_features, out_features })
     }
 
@@ -55,28 +61,41 @@ impl Linear {
 }
 
 /// A parameter of `dims` drawn uniformly from ±`bound` (PyTorch's default
-/// initialisation of linear and convolution layers uses 1/√fan_in).
+/// initialisation of linear and convolution layers uses 1/√fan_in). The
+/// shape is checked and the host values allocated fallibly before any is
+/// drawn: errors name the layer `op`.
+#[track_caller]
 pub(crate) fn uniform_param(
     device: &Device,
+    op: &'static str,
     name: &str,
     dims: &[usize],
     bound: f64,
     rng: &mut SplitMix64,
     dtype: DType,
 ) -> Result<Param> {
-    let n: usize = dims.iter().product();
-    let values: Vec<f64> = (0..n).map(|_| rng.uniform(-bound, bound)).collect();
-    Param::from_host(device, name, constant_data(values, dtype)?, dims)
+    generated_param(device, op, name, dims, dtype, || rng.uniform(-bound, bound))
 }
 
-/// Host data of a float `dtype` from f64 values.
-pub(crate) fn constant_data(values: Vec<f64>, dtype: DType) -> Result<crate::dtype::HostData> {
-    use crate::dtype::HostData;
-    match dtype {
-        DType::F32 => Ok(HostData::F32(values.into_iter().map(|v| v as f32).collect())),
-        DType::F64 => Ok(HostData::F64(values)),
-        other => Err(Error::dtype("Param", format!("parameters must be f32 or f64, got {other}"))),
-    }
+/// A parameter of `dims` and float `dtype` with values from `next` (drawn
+/// in order), checked and allocated fallibly; errors name `op`.
+#[track_caller]
+pub(crate) fn generated_param(
+    device: &Device,
+    op: &'static str,
+    name: &str,
+    dims: &[usize],
+    dtype: DType,
+    mut next: impl FnMut() -> f64,
+) -> Result<Param> {
+    let n = check_shape(op, dims, dtype)?;
+    let data = match dtype {
+        DType::F32 => HostData::F32(try_from_fn(op, n, || next() as f32)?),
+        DType::F64 => HostData::F64(try_from_fn(op, n, next)?),
+        other => return Err(Error::dtype(op, format!("parameters must be f32 or f64, got {other}"))),
+    };
+    let location = std::panic::Location::caller();
+    Param::from_host(device, name, data, dims).map_err(|e| e.for_op(op).at(location))
 }
 
 impl Module for Linear {
@@ -155,13 +174,15 @@ impl Sequential {
 
     /// A multi-layer perceptron: Linear layers of the given widths with
     /// `activation` between them (not after the last).
+    #[track_caller]
     pub fn mlp(device: &Device, widths: &[usize], activation: Activation, seed: u64) -> Result<Sequential> {
         if widths.len() < 2 {
             return Err(Error::invalid("mlp", "needs at least an input and an output width"));
         }
         let mut model = Sequential::new();
         for (i, pair) in widths.windows(2).enumerate() {
-            let layer = Linear::new(device, pair[0], pair[1], true, seed.wrapping_add(i as u64 * 0x9E37))?;
+            let layer =
+                Linear::new(device, pair[0], pair[1], true, seed.wrapping_add((i as u64).wrapping_mul(0x9E37)))?;
             model = model.add(layer);
             if i + 2 < widths.len() {
                 model = model.add(activation);
@@ -173,7 +194,13 @@ impl Sequential {
 
 impl Module for Sequential {
     fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
-        self.layers.iter().try_fold(x, |x, layer| layer.forward(x))
+        // A loop, not try_fold: a closure would cut the caller's location
+        // off the layers' errors.
+        let mut x = x;
+        for layer in &self.layers {
+            x = layer.forward(x)?;
+        }
+        Ok(x)
     }
     fn set_training(&self, training: bool) {
         self.layers.iter().for_each(|l| l.set_training(training));
@@ -214,6 +241,7 @@ pub struct Dropout {
 }
 
 impl Dropout {
+    #[track_caller]
     pub fn new(p: f64, seed: u64) -> Result<Dropout> {
         if !(0.0..1.0).contains(&p) {
             return Err(Error::invalid("Dropout", format!("p = {p} must be in [0, 1)")));
@@ -250,13 +278,13 @@ pub struct Embedding {
 }
 
 impl Embedding {
+    #[track_caller]
     pub fn new(device: &Device, count: usize, dim: usize, seed: u64) -> Result<Embedding> {
         if count == 0 || dim == 0 {
             return Err(Error::invalid("Embedding", format!("needs count > 0 and dim > 0, got {count} and {dim}")));
         }
         let mut rng = SplitMix64::new(seed);
-        let values: Vec<f64> = (0..count * dim).map(|_| rng.normal()).collect();
-        let weight = Param::from_host(device, "weight", constant_data(values, DType::F32)?, &[count, dim])?;
+        let weight = generated_param(device, "Embedding", "weight", &[count, dim], DType::F32, || rng.normal())?;
         Ok(Embedding { weight, count, dim })
     }
     pub fn count(&self) -> usize {

@@ -16,7 +16,11 @@ use crate::param::Param;
 
 /// A trainable piece of a model.
 pub trait Module {
-    /// Apply the module to `x`, recording nodes in `x`'s graph.
+    /// Apply the module to `x`, recording nodes in `x`'s graph. Errors point
+    /// at the caller's line (`#[track_caller]` here applies to every
+    /// implementation, through `dyn Module` too; an implementation must not
+    /// call its layers from inside a closure, which would cut the chain).
+    #[track_caller]
     fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>>;
 
     /// Every parameter, in a stable order (optimizers and checkpoints rely

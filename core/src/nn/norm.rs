@@ -2,16 +2,19 @@
 
 use std::cell::Cell;
 
-use super::layers::constant_data;
+use super::layers::generated_param;
 use super::Module;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::param::Param;
+use crate::shape::check_shape;
 
-fn filled(device: &Device, name: &str, n: usize, value: f64) -> Result<Param> {
-    Param::from_host(device, name, constant_data(vec![value; n], DType::F32)?, &[n])
+/// An f32 parameter of `dims` filled with `value`; errors name `op`.
+#[track_caller]
+fn filled(device: &Device, op: &'static str, name: &str, dims: &[usize], value: f64) -> Result<Param> {
+    generated_param(device, op, name, dims, DType::F32, || value)
 }
 
 /// Normalise over the trailing `normalized` dimensions, then scale and shift
@@ -24,16 +27,17 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    #[track_caller]
     pub fn new(device: &Device, normalized: &[usize], eps: f64) -> Result<LayerNorm> {
-        let n: usize = normalized.iter().product();
+        let n = check_shape("LayerNorm", normalized, DType::F32)?;
         if normalized.is_empty() || n == 0 || eps.is_nan() || eps <= 0.0 {
             return Err(Error::invalid(
                 "LayerNorm",
                 format!("needs a non-empty shape and eps > 0, got {normalized:?} and {eps}"),
             ));
         }
-        let weight = Param::from_host(device, "weight", constant_data(vec![1.0; n], DType::F32)?, normalized)?;
-        let bias = Param::from_host(device, "bias", constant_data(vec![0.0; n], DType::F32)?, normalized)?;
+        let weight = filled(device, "LayerNorm", "weight", normalized, 1.0)?;
+        let bias = filled(device, "LayerNorm", "bias", normalized, 0.0)?;
         Ok(LayerNorm { weight, bias, normalized: normalized.to_vec(), eps })
     }
 }
@@ -77,6 +81,7 @@ pub struct BatchNorm2d {
 }
 
 impl BatchNorm2d {
+    #[track_caller]
     pub fn new(device: &Device, channels: usize, eps: f64, momentum: f64) -> Result<BatchNorm2d> {
         if channels == 0 || eps.is_nan() || eps <= 0.0 || !(0.0..=1.0).contains(&momentum) {
             return Err(Error::invalid(
@@ -84,13 +89,14 @@ impl BatchNorm2d {
                 format!("channels {channels} > 0, eps {eps} > 0 and momentum {momentum} in [0, 1] required"),
             ));
         }
-        let running_mean = filled(device, "running_mean", channels, 0.0)?;
-        let running_var = filled(device, "running_var", channels, 1.0)?;
+        const OP: &str = "BatchNorm2d";
+        let running_mean = filled(device, OP, "running_mean", &[channels], 0.0)?;
+        let running_var = filled(device, OP, "running_var", &[channels], 1.0)?;
         running_mean.set_requires_grad(false);
         running_var.set_requires_grad(false);
         Ok(BatchNorm2d {
-            weight: filled(device, "weight", channels, 1.0)?,
-            bias: filled(device, "bias", channels, 0.0)?,
+            weight: filled(device, OP, "weight", &[channels], 1.0)?,
+            bias: filled(device, OP, "bias", &[channels], 0.0)?,
             running_mean,
             running_var,
             channels,

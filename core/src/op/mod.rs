@@ -115,15 +115,17 @@ pub struct Window2d {
 impl Window2d {
     /// Number of window positions along each axis for an image of `image`
     /// (height, width); None when the window does not fit even once.
+    /// Computed in u64, so no image size or window overflows it.
     pub fn output_size(&self, image: [usize; 2]) -> Option<[usize; 2]> {
         let mut out = [0; 2];
         for a in 0..2 {
-            let span = self.dilation[a] as usize * (self.kernel[a] as usize - 1) + 1;
-            let padded = image[a] + self.pad_begin[a] as usize + self.pad_end[a] as usize;
-            if padded < span {
+            let span = u64::from(self.dilation[a]) * u64::from(self.kernel[a]).checked_sub(1)? + 1;
+            let padded =
+                (image[a] as u64).checked_add(u64::from(self.pad_begin[a]))?.checked_add(u64::from(self.pad_end[a]))?;
+            if padded < span || self.stride[a] == 0 {
                 return None;
             }
-            out[a] = (padded - span) / self.stride[a] as usize + 1;
+            out[a] = usize::try_from((padded - span) / u64::from(self.stride[a]) + 1).ok()?;
         }
         Some(out)
     }

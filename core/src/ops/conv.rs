@@ -8,7 +8,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{check_rank, Graph, Tensor};
 use crate::op::{Op, Window2d};
-use crate::shape::fmt_dims;
+use crate::shape::{checked_numel, checked_product, fmt_dims};
 
 impl Window2d {
     /// A symmetric window: kernel, stride, padding and dilation per axis
@@ -65,7 +65,7 @@ impl<'g> Tensor<'g> {
         let [n, c, h, w] = nchw("Im2Col", &self)?;
         let [oh, ow] = output_size("Im2Col", &window, [h, w])?;
         let dims = [n, c * window.kernel_elements(), oh * ow];
-        Ok(self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), Location::caller()))
+        self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), Location::caller())
     }
 
     /// Fold columns [N, C·kh·kw, OH·OW] back into [N, C, H, W], summing
@@ -73,9 +73,14 @@ impl<'g> Tensor<'g> {
     #[track_caller]
     pub fn col2im(self, image: [usize; 2], window: Window2d) -> Result<Tensor<'g>> {
         let d = self.dims();
-        let k = window.kernel_elements();
+        let k = checked_product(
+            "Col2Im",
+            || format!("a {:?} window", window.kernel),
+            &[window.kernel[0] as usize, window.kernel[1] as usize],
+        )?;
         let [oh, ow] = output_size("Col2Im", &window, image)?;
-        if d.len() != 3 || d[1] % k != 0 || d[2] != oh * ow {
+        let positions = checked_product("Col2Im", || format!("{oh}x{ow} window positions"), &[oh, ow])?;
+        if d.len() != 3 || d[1] % k != 0 || d[2] != positions {
             return Err(Error::shape(
                 "Col2Im",
                 format!(
@@ -84,7 +89,7 @@ impl<'g> Tensor<'g> {
                     image[0],
                     image[1],
                     window.kernel,
-                    oh * ow
+                    positions
                 ),
             ));
         }
@@ -93,7 +98,7 @@ impl<'g> Tensor<'g> {
         }
         let dims = [d[0], d[1] / k, image[0], image[1]];
         let op = Op::Col2Im { window, image: [image[0] as u32, image[1] as u32] };
-        Ok(self.graph.record(op, &[self.id], &dims, self.dtype(), Location::caller()))
+        self.graph.record(op, &[self.id], &dims, self.dtype(), Location::caller())
     }
 
     /// 2-D max pooling. With `ceil_mode` the output rounds up, as PyTorch's
@@ -118,18 +123,25 @@ impl<'g> Tensor<'g> {
         }
         if ceil_mode {
             let floor = output_size("MaxPool2d", &window, [h, w])?;
-            let image = [h, w];
+            // In u64: Window2d::new bounds kernel, stride and dilation by
+            // u32::MAX and padding by half that; images are below 2^40.
+            let image = [h as u64, w as u64];
             for a in 0..2 {
-                let span = dilation[a] * (kernel[a] - 1) + 1;
-                let padded = image[a] + 2 * padding[a];
-                let mut out = (padded - span).div_ceil(stride[a]) + 1;
-                if (out - 1) * stride[a] >= image[a] + padding[a] {
+                let (kernel, stride, padding, dilation) =
+                    (kernel[a] as u64, stride[a] as u64, padding[a] as u64, dilation[a] as u64);
+                let span = dilation * (kernel - 1) + 1;
+                let padded = image[a] + 2 * padding;
+                let mut out = (padded - span).div_ceil(stride) + 1;
+                if (out - 1) * stride >= image[a] + padding {
                     out -= 1;
                 }
-                if out > floor[a] {
+                if out > floor[a] as u64 {
                     // Extra padding after the image makes the floor formula
                     // produce the ceil-mode size; it never wins the max.
-                    window.pad_end[a] = ((out - 1) * stride[a] + span - image[a] - padding[a]) as u32;
+                    let pad_end = (out - 1) * stride + span - image[a] - padding;
+                    window.pad_end[a] = u32::try_from(pad_end).map_err(|_| {
+                        Error::invalid("MaxPool2d", format!("ceil mode needs padding {pad_end}, too large"))
+                    })?;
                 }
             }
         }
@@ -145,7 +157,7 @@ impl<'g> Tensor<'g> {
         }
         let [oh, ow] = output_size("MaxPool2d", &window, [h, w])?;
         let dims = [n, c, oh, ow];
-        Ok(self.graph.record(Op::MaxPool2d(window), &[self.id], &dims, self.dtype(), Location::caller()))
+        self.graph.record(Op::MaxPool2d(window), &[self.id], &dims, self.dtype(), Location::caller())
     }
 
     /// The adjoint of max pooling: `self` is the pooled input x, `grad` has
@@ -169,13 +181,7 @@ impl<'g> Tensor<'g> {
             ));
         }
         let dims = [n, c, h, w];
-        Ok(self.graph.record(
-            Op::MaxPool2dBackward(window),
-            &[self.id, grad.id],
-            &dims,
-            self.dtype(),
-            Location::caller(),
-        ))
+        self.graph.record(Op::MaxPool2dBackward(window), &[self.id, grad.id], &dims, self.dtype(), Location::caller())
     }
 }
 
@@ -199,10 +205,10 @@ impl Graph {
         if !dtype.is_float() {
             return Err(Error::dtype(op.name(), format!("random values are float, not {dtype}")));
         }
-        let numel: usize = dims.iter().product();
+        let numel = checked_numel(op.name(), dims)?;
         if numel > u32::MAX as usize / 2 {
             return Err(Error::invalid(op.name(), "the generator's counter is 32-bit: at most 2^31 elements"));
         }
-        Ok(self.record(op, &[], dims, dtype, Location::caller()))
+        self.record(op, &[], dims, dtype, Location::caller())
     }
 }

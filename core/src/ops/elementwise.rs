@@ -157,7 +157,7 @@ impl<'g> Tensor<'g> {
             return Err(Error::dtype(op.name(), format!("does not take {dtype} tensors")));
         }
         let dims = self.dims();
-        Ok(self.graph.record(Op::Unary(op), &[self.id], &dims, dtype, Location::caller()))
+        self.graph.record(Op::Unary(op), &[self.id], &dims, dtype, Location::caller())
     }
 
     #[track_caller]
@@ -167,14 +167,14 @@ impl<'g> Tensor<'g> {
         if !Op::Binary(op).info().dtypes.contains(dtype) {
             return Err(Error::dtype(op.name(), format!("does not take {dtype} tensors")));
         }
-        Ok(self.graph.record(Op::Binary(op), &[self.id, other.id], &dims, dtype, Location::caller()))
+        self.graph.record(Op::Binary(op), &[self.id, other.id], &dims, dtype, Location::caller())
     }
 
     #[track_caller]
     pub fn compare(self, op: CompareOp, other: Tensor<'g>) -> Result<Tensor<'g>> {
         let dims = broadcast(op.name(), &self, &other)?;
         same_dtype(op.name(), &self, &other)?;
-        Ok(self.graph.record(Op::Compare(op), &[self.id, other.id], &dims, DType::Bool, Location::caller()))
+        self.graph.record(Op::Compare(op), &[self.id, other.id], &dims, DType::Bool, Location::caller())
     }
 
     /// `where(self, on_true, on_false)` with `self` a bool condition; all
@@ -208,14 +208,14 @@ impl<'g> Tensor<'g> {
                 ),
             ));
         };
-        Ok(self.graph.record(Op::Where, &[self.id, a.id, b.id], &dims, dtype, Location::caller()))
+        self.graph.record(Op::Where, &[self.id, a.id, b.id], &dims, dtype, Location::caller())
     }
 
     /// Convert to another dtype. Differentiable between float dtypes.
     #[track_caller]
     pub fn cast(self, dtype: DType) -> Result<Tensor<'g>> {
         let dims = self.dims();
-        Ok(self.graph.record(Op::Cast(dtype), &[self.id], &dims, dtype, Location::caller()))
+        self.graph.record(Op::Cast(dtype), &[self.id], &dims, dtype, Location::caller())
     }
 
     /// The same values, cut off from gradient tracking.
@@ -223,6 +223,6 @@ impl<'g> Tensor<'g> {
     pub fn detach(self) -> Result<Tensor<'g>> {
         let _guard = self.graph.no_grad();
         let dims = self.dims();
-        Ok(self.graph.record(Op::Reshape, &[self.id], &dims, self.dtype(), Location::caller()))
+        self.graph.record(Op::Reshape, &[self.id], &dims, self.dtype(), Location::caller())
     }
 }

@@ -61,12 +61,12 @@ impl<'g> Tensor<'g> {
         };
         dims.push(m);
         dims.push(n);
-        Ok(self.graph.record(
+        self.graph.record(
             Op::MatMul { transpose_a, transpose_b },
             &[self.id, other.id],
             &dims,
             self.dtype(),
             Location::caller(),
-        ))
+        )
     }
 }

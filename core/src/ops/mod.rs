@@ -24,9 +24,9 @@ use crate::graph::{flags, Graph, NodeId, Tensor};
 use crate::op::Op;
 
 impl Graph {
-    /// Record a validated node, deciding (from the op table) whether it
-    /// requires grad and which of its inputs the backward pass will need to
-    /// keep.
+    /// Record a node whose operands were validated (its shape is checked
+    /// here, see `push_node`), deciding whether it requires grad and which
+    /// of its inputs the backward pass will need to keep.
     pub(crate) fn record(
         &self,
         op: Op,
@@ -34,7 +34,7 @@ impl Graph {
         dims: &[usize],
         dtype: DType,
         location: &'static Location<'static>,
-    ) -> Tensor<'_> {
+    ) -> crate::error::Result<Tensor<'_>> {
         let info = op.info();
         let mut requires = false;
         if self.is_grad_enabled() && dtype.is_float() {
@@ -43,7 +43,7 @@ impl Graph {
                 state.nodes[input as usize].flags & flags::REQUIRES_GRAD != 0 && info.differentiable_input(i)
             });
         }
-        let id = self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, location);
+        let id = self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, location)?;
         if requires {
             let saved = info.saved;
             let mut state = self.state.borrow_mut();
@@ -56,7 +56,7 @@ impl Graph {
                 state.nodes[id as usize].flags |= flags::SAVED;
             }
         }
-        self.tensor(id)
+        Ok(self.tensor(id))
     }
 }
 

@@ -9,7 +9,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{check_rank, Tensor};
 use crate::op::{Op, Perm, SliceAttr};
-use crate::shape::{broadcast_shapes, fmt_dims, Dims};
+use crate::shape::{broadcast_shapes, checked_numel, checked_sum, fmt_dims, numel, Dims};
 
 /// The range taken along one axis: `start..end` every `step` elements.
 /// `start` and `end` are clamped to the axis length, as in Python slicing.
@@ -72,10 +72,9 @@ fn slice_attrs(op: &'static str, dims: &[usize], specs: &[SliceSpec]) -> Result<
 
 impl<'g> Tensor<'g> {
     /// Same elements in a new shape; one dimension may be -1 (inferred).
+    /// Other negative values are refused.
     #[track_caller]
     pub fn reshape(self, dims: &[isize]) -> Result<Tensor<'g>> {
-        let from = self.dims();
-        let numel: usize = from.iter().product();
         let mut out = Dims::new();
         let mut inferred = None;
         for (i, &d) in dims.iter().enumerate() {
@@ -90,30 +89,39 @@ impl<'g> Tensor<'g> {
                 out.push(d as usize);
             }
         }
-        let known: usize = out.iter().product();
+        self.reshape_checked(out, inferred, &format!("{dims:?}"))
+    }
+
+    /// Reshape to explicit dims (no inference: every value, `usize::MAX`
+    /// included, is a length).
+    #[track_caller]
+    pub fn reshape_to(self, dims: &[usize]) -> Result<Tensor<'g>> {
+        self.reshape_checked(Dims::from_slice(dims), None, &fmt_dims(dims))
+    }
+
+    /// `out` with `out[inferred]` (1 so far) replaced by what the element
+    /// count leaves; every product checked.
+    #[track_caller]
+    fn reshape_checked(self, mut out: Dims, inferred: Option<usize>, asked: &str) -> Result<Tensor<'g>> {
+        let from = self.dims();
+        let numel = numel(&from);
+        check_rank("Reshape", &out)?;
+        let known = checked_numel("Reshape", &out)?;
         if let Some(i) = inferred {
             if known == 0 || numel % known != 0 {
                 return Err(Error::shape(
                     "Reshape",
-                    format!("cannot reshape {} ({numel} elements) into {dims:?}", fmt_dims(&from)),
+                    format!("cannot reshape {} ({numel} elements) into {asked}", fmt_dims(&from)),
                 ));
             }
             out[i] = numel / known;
         } else if known != numel {
             return Err(Error::shape(
                 "Reshape",
-                format!("cannot reshape {} ({numel} elements) into {dims:?} ({known} elements)", fmt_dims(&from)),
+                format!("cannot reshape {} ({numel} elements) into {asked} ({known} elements)", fmt_dims(&from)),
             ));
         }
-        check_rank("Reshape", &out)?;
-        Ok(self.graph.record(Op::Reshape, &[self.id], &out, self.dtype(), Location::caller()))
-    }
-
-    /// Reshape to explicit dims (no inference).
-    #[track_caller]
-    pub fn reshape_to(self, dims: &[usize]) -> Result<Tensor<'g>> {
-        let signed: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
-        self.reshape(&signed)
+        self.graph.record(Op::Reshape, &[self.id], &out, self.dtype(), Location::caller())
     }
 
     /// Reorder axes: output axis i is input axis `perm[i]`.
@@ -129,7 +137,7 @@ impl<'g> Tensor<'g> {
         };
         let out: Dims = perm.iter().map(|&p| dims[p]).collect();
         let perm = checked;
-        Ok(self.graph.record(Op::Permute(perm), &[self.id], &out, self.dtype(), Location::caller()))
+        self.graph.record(Op::Permute(perm), &[self.id], &out, self.dtype(), Location::caller())
     }
 
     /// Swap two axes.
@@ -153,14 +161,14 @@ impl<'g> Tensor<'g> {
             }
         }
         check_rank("Expand", dims)?;
-        Ok(self.graph.record(Op::Expand, &[self.id], dims, self.dtype(), Location::caller()))
+        self.graph.record(Op::Expand, &[self.id], dims, self.dtype(), Location::caller())
     }
 
     /// Take `specs[i]` along axis i (missing trailing axes are taken whole).
     #[track_caller]
     pub fn slice(self, specs: &[SliceSpec]) -> Result<Tensor<'g>> {
         let (attr, out) = slice_attrs("Slice", &self.dims(), specs)?;
-        Ok(self.graph.record(Op::Slice(attr), &[self.id], &out, self.dtype(), Location::caller()))
+        self.graph.record(Op::Slice(attr), &[self.id], &out, self.dtype(), Location::caller())
     }
 
     /// Slice one axis.
@@ -189,8 +197,7 @@ impl<'g> Tensor<'g> {
                 ),
             ));
         }
-        check_rank("SliceBackward", dims)?;
-        Ok(self.graph.record(Op::SliceBackward(attr), &[self.id], dims, self.dtype(), Location::caller()))
+        self.graph.record(Op::SliceBackward(attr), &[self.id], dims, self.dtype(), Location::caller())
     }
 
     /// Slice with a validated attribute taking `counts` elements per axis
@@ -198,7 +205,7 @@ impl<'g> Tensor<'g> {
     #[track_caller]
     pub(crate) fn slice_attr(self, attr: SliceAttr, counts: &[usize]) -> Result<Tensor<'g>> {
         crate::backend::checks::slice_view("Slice", &attr, &self.dims(), counts)?;
-        Ok(self.graph.record(Op::Slice(attr), &[self.id], counts, self.dtype(), Location::caller()))
+        self.graph.record(Op::Slice(attr), &[self.id], counts, self.dtype(), Location::caller())
     }
 
     /// SliceBackward into `dims` with a validated attribute (the gradient
@@ -206,7 +213,7 @@ impl<'g> Tensor<'g> {
     #[track_caller]
     pub(crate) fn slice_backward_attr(self, dims: &[usize], attr: SliceAttr) -> Result<Tensor<'g>> {
         crate::backend::checks::slice_view("SliceBackward", &attr, dims, &self.dims())?;
-        Ok(self.graph.record(Op::SliceBackward(attr), &[self.id], dims, self.dtype(), Location::caller()))
+        self.graph.record(Op::SliceBackward(attr), &[self.id], dims, self.dtype(), Location::caller())
     }
 
     /// Join tensors along `axis`; all other dimensions must agree.
@@ -218,7 +225,7 @@ impl<'g> Tensor<'g> {
         let dims = first.dims();
         let axis = normalize_axis("Concat", axis, dims.len())?;
         let mut out = dims.clone();
-        out[axis] = 0;
+        let mut lengths = Vec::with_capacity(tensors.len());
         for t in tensors {
             same_graph("Concat", first, t)?;
             let d = t.dims();
@@ -235,10 +242,12 @@ impl<'g> Tensor<'g> {
                     ),
                 ));
             }
-            out[axis] += d[axis];
+            lengths.push(d[axis]);
         }
+        out[axis] =
+            checked_sum("Concat", || format!("the lengths {lengths:?} along axis {axis}"), lengths.iter().copied())?;
         let ids: Vec<_> = tensors.iter().map(|t| t.id).collect();
-        Ok(first.graph.record(Op::Concat { axis: axis as u8 }, &ids, &out, first.dtype(), Location::caller()))
+        first.graph.record(Op::Concat { axis: axis as u8 }, &ids, &out, first.dtype(), Location::caller())
     }
 
     /// Gather slices along `axis` at the positions in `index` (1-D i32).
@@ -251,13 +260,13 @@ impl<'g> Tensor<'g> {
         check_index("IndexSelect", &index)?;
         let mut out = dims.clone();
         out[axis] = index.numel();
-        Ok(self.graph.record(
+        self.graph.record(
             Op::IndexSelect { axis: axis as u8 },
             &[self.id, index.id],
             &out,
             self.dtype(),
             Location::caller(),
-        ))
+        )
     }
 
     /// `self` with `source`'s slices added at the positions in `index` along
@@ -285,13 +294,13 @@ impl<'g> Tensor<'g> {
                 ),
             ));
         }
-        Ok(self.graph.record(
+        self.graph.record(
             Op::ScatterAdd { axis: axis as u8 },
             &[self.id, index.id, source.id],
             &dims,
             self.dtype(),
             Location::caller(),
-        ))
+        )
     }
 }
 

@@ -98,8 +98,10 @@ fn f32_to_i32(x: f32) -> i32 {
     return i32(x);
 }
 
+// By bits: GPUs that flush subnormals to zero would otherwise call 1e-40
+// false (seen on NVIDIA's Vulkan driver), and NaN must be true.
 fn f32_to_bool(x: f32) -> u32 {
-    return select(1u, 0u, x == 0.0);
+    return select(0u, 1u, (bitcast<u32>(x) & 0x7fffffffu) != 0u);
 }
 
 fn i32_to_bool(x: i32) -> u32 {

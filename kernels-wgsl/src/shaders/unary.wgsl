@@ -33,6 +33,12 @@ fn op_tanh(v: f32) -> f32 {
 }
 
 fn op_relu_f(v: f32) -> f32 {
+    // NaN passes through. Checked by bits: without the SignedZeroInfNanPreserve
+    // float mode a Vulkan compiler may lower the select to max(v, 0), which
+    // returns 0 for NaN (seen on NVIDIA's driver).
+    if (is_nan(v)) {
+        return v;
+    }
     return select(v, 0.0, v < 0.0);
 }
 

@@ -49,7 +49,7 @@ fn batched<T: Float>(
     // one large GEMM instead of many small ones.
     if !ta && batches > 1 && sb.iter().all(|&s| s == 0) && a.len() == batches * m * k {
         let folded = Mat { rows: batches * m, ..ma };
-        return gemm_one(&folded, &mb, a, b, out, parallelism(batches * m * n * k));
+        return gemm_one(&folded, &mb, a, b, out, parallelism(work(&[batches, m, n, k])));
     }
     let mn = m * n;
     let offsets = |i: usize| {
@@ -63,19 +63,25 @@ fn batched<T: Float>(
         (oa, ob)
     };
     #[cfg(feature = "rayon")]
-    if batches > 1 && mn * k < PAR_GEMM_WORK && batches * mn * k >= PAR_GEMM_WORK {
+    if batches > 1 && work(&[mn, k]) < PAR_GEMM_WORK && work(&[batches, mn, k]) >= PAR_GEMM_WORK {
         use rayon::prelude::*;
         return out.par_chunks_mut(mn).enumerate().try_for_each(|(i, o)| {
             let (oa, ob) = offsets(i);
             gemm_one(&ma, &mb, &a[oa..], &b[ob..], o, Parallelism::None)
         });
     }
-    let par = parallelism(mn * k);
+    let par = parallelism(work(&[mn, k]));
     for (i, o) in out.chunks_exact_mut(mn).enumerate() {
         let (oa, ob) = offsets(i);
         gemm_one(&ma, &mb, &a[oa..], &b[ob..], o, par)?;
     }
     Ok(())
+}
+
+/// A product of sizes as a work estimate: saturating, since m·n·k of valid
+/// operands may exceed usize on 32-bit targets.
+fn work(factors: &[usize]) -> usize {
+    factors.iter().fold(1usize, |acc, &f| acc.saturating_mul(f))
 }
 
 fn parallelism(work: usize) -> Parallelism {
@@ -87,8 +93,41 @@ fn parallelism(work: usize) -> Parallelism {
     Parallelism::None
 }
 
-/// dst (row-major a.rows x b.cols) = a x b, overwriting dst.
+/// K above this is split: chunks of K_CHUNK (a multiple of the rule's leaf,
+/// docs/reductions.md) multiplied separately and their products added by
+/// the rule's tree, so the K loop's error grows like log K, not K.
+const K_CHUNK: usize = 8 * super::reduce::LEAF;
+
+/// dst = a x b with K split into chunks combined by the summation rule.
 fn gemm_one<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par: Parallelism) -> Result<()> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if k <= K_CHUNK || m == 0 || n == 0 {
+        return gemm_chunk(a, b, lhs, rhs, dst, par);
+    }
+    if b.rows != k || dst.len() != m * n || lhs.len() < a.span() || rhs.len() < b.span() {
+        return Err(Error::backend("MatMul", "operand buffers are smaller than their shapes"));
+    }
+    let add = |mut x: Vec<T>, y: Vec<T>| {
+        for (x, y) in x.iter_mut().zip(y) {
+            *x = *x + y;
+        }
+        x
+    };
+    let mut tree = super::reduce::Tree::new();
+    for k0 in (0..k).step_by(K_CHUNK) {
+        let kc = K_CHUNK.min(k - k0);
+        let mut part = crate::memory::try_vec("MatMul", m * n, T::ZERO)?;
+        // Columns k0.. of a and rows k0.. of b: offsets by their strides.
+        let (ac, bc) = (Mat { cols: kc, ..*a }, Mat { rows: kc, ..*b });
+        gemm_chunk(&ac, &bc, &lhs[k0 * a.cs..], &rhs[k0 * b.rs..], &mut part, par)?;
+        tree.push(part, &add);
+    }
+    dst.copy_from_slice(&tree.finish(&add).expect("k > 0"));
+    Ok(())
+}
+
+/// dst (row-major a.rows x b.cols) = a x b, overwriting dst.
+fn gemm_chunk<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par: Parallelism) -> Result<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if b.rows != k || dst.len() != m * n || lhs.len() < a.span() || rhs.len() < b.span() {
         return Err(Error::backend("MatMul", "operand buffers are smaller than their shapes"));
@@ -96,7 +135,7 @@ fn gemm_one<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par
     if m == 0 || n == 0 {
         return Ok(());
     }
-    if m * n * k <= SMALL_GEMM_WORK {
+    if work(&[m, n, k]) <= SMALL_GEMM_WORK {
         // Tiny products: a plain loop beats gemm's dispatch and packing.
         for (i, row) in dst.chunks_exact_mut(n).enumerate() {
             row.fill(T::ZERO);

@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
+use crate::memory::try_vec;
 use crate::op::Op;
 
 pub(crate) use scalar::Scalar;
@@ -40,13 +41,15 @@ pub enum CpuStorage {
 }
 
 impl CpuStorage {
-    fn zeroed(dtype: DType, len: usize) -> CpuStorage {
-        match dtype {
-            DType::F32 => CpuStorage::F32(vec![0.0; len]),
-            DType::F64 => CpuStorage::F64(vec![0.0; len]),
-            DType::I32 => CpuStorage::I32(vec![0; len]),
-            DType::Bool => CpuStorage::Bool(vec![0; len]),
-        }
+    /// `len` zeros, or an out-of-memory error (never an abort).
+    fn zeroed(dtype: DType, len: usize) -> Result<CpuStorage> {
+        const OP: &str = "alloc";
+        Ok(match dtype {
+            DType::F32 => CpuStorage::F32(try_vec(OP, len, 0.0)?),
+            DType::F64 => CpuStorage::F64(try_vec(OP, len, 0.0)?),
+            DType::I32 => CpuStorage::I32(try_vec(OP, len, 0)?),
+            DType::Bool => CpuStorage::Bool(try_vec(OP, len, 0)?),
+        })
     }
     pub fn dtype(&self) -> DType {
         match self {
@@ -207,10 +210,14 @@ impl CpuBackend {
                 format!("buffer {} holds {} but the kernel was given {}", t.buffer.0, s.dtype(), t.dtype),
             ));
         }
-        if s.len() < t.numel() {
+        // Dims of graph nodes were checked when the nodes were built; a
+        // call made directly on the backend may carry anything, and every
+        // kernel trusts that the product of the dims fits the buffer.
+        let numel = crate::shape::checked_numel(op, t.dims)?;
+        if s.len() < numel {
             return Err(Error::backend(
                 op,
-                format!("buffer {} has {} elements, the tensor needs {}", t.buffer.0, s.len(), t.numel()),
+                format!("buffer {} has {} elements, the tensor needs {numel}", t.buffer.0, s.len()),
             ));
         }
         Ok(())
@@ -266,7 +273,7 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<BufferId> {
-        let storage = CpuStorage::zeroed(dtype, len);
+        let storage = CpuStorage::zeroed(dtype, len)?;
         let mut slab = self.slab.borrow_mut();
         if let Some(id) = self.free_ids.borrow_mut().pop() {
             slab[id as usize] = Some(storage);

@@ -1,13 +1,19 @@
 //! Reductions: Sum, Prod, Max, Min, ArgMax, ArgMin over any set of axes.
 //!
-//! Every output folds its reduced sub-block in increasing input index order,
-//! in the tensor's own dtype, so results are bit-identical run after run and
-//! whatever the thread count (threads only split the outputs). Two layouts
-//! get their own loops with the same order: reduced axes innermost (softmax
-//! rows: contiguous blocks) and reduced axes outermost (bias gradients:
-//! whole rows added into the output, vectorisable).
+//! Every output reduces its sub-block by the summation rule of
+//! docs/reductions.md: leaves of `LEAF` elements folded left to right,
+//! combined by a fixed power-of-two tree, in the tensor's own dtype. The
+//! order depends only on the block length, so results are bit-identical run
+//! after run and whatever the thread count, and a sum's error grows like
+//! log n. Three layouts get their own loops with that one order: reduced
+//! axes innermost (softmax rows: contiguous blocks), reduced axes outermost
+//! (bias gradients: whole rows added into a vector of columns) and any other
+//! set (a list of offsets). Few long blocks are split across threads in
+//! aligned power-of-two runs of leaves, which are subtrees of the rule.
 
-use super::layout::{for_chunks, for_chunks_weighted, Strided};
+use smallvec::SmallVec;
+
+use super::layout::{for_chunks, for_chunks_weighted, Strided, PAR_THRESHOLD};
 use super::scalar::{Num, Scalar};
 use super::{with_any, with_num, In, Out};
 use crate::backend::checks;
@@ -122,12 +128,12 @@ fn reduce_with(op: ReduceOp, axes: AxisSet, x: &In<'_>, out: &mut Out<'_>, fast:
     })
 }
 
-// The LANES-rows loop indexes LANES slices in lockstep; an iterator is
-// not clearer there.
-#[allow(clippy::needless_range_loop)]
-/// Fold each block in increasing index order: acc = f(acc, x), starting from
-/// `init`, or from the block's first element when `init` is None (blocks are
-/// then non-empty, checked by the caller).
+/// Fold each block by the summation rule of docs/reductions.md: leaves of
+/// `LEAF` elements folded left to right from `init` (or from the leaf's first
+/// element when `init` is None; blocks are then non-empty, checked by the
+/// caller), leaves combined by the power-of-two split. The order depends on
+/// the block length only, so every layout below, serial or parallel, gives
+/// the same bits.
 fn fold<T: Num>(x: &[T], g: &Geometry, out: &mut [T], init: Option<T>, f: impl Fn(T, T) -> T + Sync + Send + Copy) {
     let block = g.block;
     if out.is_empty() {
@@ -147,77 +153,300 @@ fn fold<T: Num>(x: &[T], g: &Geometry, out: &mut [T], init: Option<T>, f: impl F
         });
         return;
     }
-    let fold_slice = move |vals: &[T]| -> T {
-        let (mut acc, rest) = match init {
-            Some(i) => (i, vals),
-            None => (vals[0], &vals[1..]),
-        };
-        for &v in rest {
-            acc = f(acc, v);
-        }
-        acc
-    };
+    let leaf = Leaf { init, f };
     if g.suffix {
-        for_chunks_weighted(out, 1, block * COST, |s, c| {
-            // LANES rows at a time: each row is still folded in order, but
-            // the rows' dependency chains interleave, hiding FP latency.
-            let mut groups = c.chunks_exact_mut(LANES);
-            let mut row = s;
-            for group in &mut groups {
-                let base = row * block;
-                let rows: [&[T]; LANES] = std::array::from_fn(|r| &x[base + r * block..base + (r + 1) * block]);
-                let (mut acc, first) = match init {
-                    Some(i) => ([i; LANES], 0),
-                    None => (std::array::from_fn(|r| rows[r][0]), 1),
-                };
-                for j in first..block {
-                    for r in 0..LANES {
-                        acc[r] = f(acc[r], rows[r][j]);
-                    }
-                }
-                group.copy_from_slice(&acc);
-                row += LANES;
+        // Contiguous blocks. Few large blocks: parallel inside each block;
+        // otherwise parallel over the outputs.
+        if block > LEAF && out.len() < PAR_BLOCKS_BELOW {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = fold_contiguous(&x[i * block..(i + 1) * block], leaf, true);
             }
-            for (i, o) in groups.into_remainder().iter_mut().enumerate() {
-                let b = (row + i) * block;
-                *o = fold_slice(&x[b..b + block]);
+            return;
+        }
+        for_chunks_weighted(out, 1, block * COST, |s, c| {
+            if block > LEAF {
+                for (i, o) in c.iter_mut().enumerate() {
+                    let b = (s + i) * block;
+                    *o = fold_contiguous(&x[b..b + block], leaf, false);
+                }
+            } else {
+                short_rows(x, block, s, c, leaf);
             }
         });
     } else if g.prefix {
+        // The input is [block, cols]: each output a column, each leaf a run
+        // of LEAF rows added into a vector of columns.
         let cols = out.len();
+        if out.len() < PAR_BLOCKS_BELOW && block > LEAF {
+            let v = columns_parallel_rows(x, cols, 0..cols, block, leaf);
+            out.copy_from_slice(&v);
+            return;
+        }
         for_chunks_weighted(out, 1, block * COST, |s, c| {
-            let e = s + c.len();
-            let rows = 0..block;
-            let mut rows = rows.map(|r| &x[r * cols + s..r * cols + e]);
-            match init {
-                Some(i) => c.fill(i),
-                None => c.copy_from_slice(rows.next().expect("block is non-empty")),
-            }
-            for row in rows {
-                for (o, &v) in c.iter_mut().zip(row) {
-                    *o = f(*o, v);
-                }
-            }
+            let v = columns(x, cols, s..s + c.len(), 0..block, leaf);
+            c.copy_from_slice(&v);
         });
     } else {
         let offs = g.block_offsets();
         let st = Strided::<1>::new(&g.kept_dims, [&g.kept_strides], [0]);
         let [is] = st.inner_strides;
+        let par_inside = out.len() < PAR_BLOCKS_BELOW && block > LEAF;
         st.fill_weighted(out, block * COST, |row, [base]| {
             for (j, o) in row.iter_mut().enumerate() {
                 let b = base + j * is;
-                let mut it = offs.iter().map(|&k| x[b + k]);
-                let mut acc = match init {
-                    Some(i) => i,
-                    None => it.next().expect("block is non-empty"),
-                };
-                for v in it {
-                    acc = f(acc, v);
-                }
-                *o = acc;
+                let value = |q: usize| leaf.fold(offs[q * LEAF..((q + 1) * LEAF).min(block)].iter().map(|&k| x[b + k]));
+                *o = tree_of_leaves(block.div_ceil(LEAF), value, leaf, par_inside);
             }
         });
     }
+}
+
+/// Leaf length of the summation rule (docs/reductions.md).
+pub(crate) const LEAF: usize = 128;
+/// Fewer outputs than this with long blocks: split each block across threads
+/// instead of handing whole outputs to threads.
+const PAR_BLOCKS_BELOW: usize = 16;
+
+/// How one leaf is folded, and the combining function of the tree.
+#[derive(Clone, Copy)]
+struct Leaf<T, F> {
+    init: Option<T>,
+    f: F,
+}
+
+impl<T: Num, F: Fn(T, T) -> T + Copy> Leaf<T, F> {
+    /// Fold a leaf's values left to right (at least one value when `init`
+    /// is None).
+    #[inline]
+    fn fold(&self, mut vals: impl Iterator<Item = T>) -> T {
+        let mut acc = match self.init {
+            Some(i) => i,
+            None => vals.next().expect("blocks of Max/Min are non-empty"),
+        };
+        for v in vals {
+            acc = (self.f)(acc, v);
+        }
+        acc
+    }
+}
+
+/// The streaming form of the power-of-two split: push leaf (or aligned
+/// chunk) values in order, merging the top two after the k-th push
+/// `trailing_zeros(k)` times; `finish` folds what is left from the top.
+pub(super) struct Tree<V> {
+    stack: SmallVec<[V; 16]>,
+    pushed: u64,
+}
+
+impl<V> Tree<V> {
+    pub(super) fn new() -> Tree<V> {
+        Tree { stack: SmallVec::new(), pushed: 0 }
+    }
+
+    #[inline]
+    pub(super) fn push(&mut self, v: V, merge: &impl Fn(V, V) -> V) {
+        self.stack.push(v);
+        self.pushed += 1;
+        for _ in 0..self.pushed.trailing_zeros() {
+            let b = self.stack.pop().expect("two entries per merge");
+            let a = self.stack.pop().expect("two entries per merge");
+            self.stack.push(merge(a, b));
+        }
+    }
+
+    pub(super) fn finish(self, merge: &impl Fn(V, V) -> V) -> Option<V> {
+        let mut entries = self.stack.into_iter().rev();
+        let mut acc = entries.next()?;
+        for below in entries {
+            acc = merge(below, acc);
+        }
+        Some(acc)
+    }
+}
+
+/// Leaves per parallel task: a power of two (so tasks are complete subtrees
+/// and the bits do not depend on it) giving a few tasks per thread.
+#[cfg(feature = "rayon")]
+fn leaves_per_task(leaves: usize) -> usize {
+    let tasks = rayon::current_num_threads() * 4;
+    leaves.div_ceil(tasks).next_power_of_two().max(PAR_THRESHOLD / (LEAF * COST * 4)).max(1)
+}
+
+/// Whether `elements` are worth splitting across threads.
+fn parallel_worth(elements: usize) -> bool {
+    cfg!(feature = "rayon") && elements.saturating_mul(COST) >= PAR_THRESHOLD
+}
+
+/// The rule's value of `leaves` leaves, leaf q's value given by `value(q)`;
+/// split across threads into aligned power-of-two chunks when `parallel`.
+fn tree_of_leaves<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
+    leaves: usize,
+    value: impl Fn(usize) -> T + Sync,
+    leaf: Leaf<T, F>,
+    parallel: bool,
+) -> T {
+    let serial = |range: std::ops::Range<usize>| {
+        let mut tree = Tree::new();
+        for q in range {
+            tree.push(value(q), &leaf.f);
+        }
+        tree.finish(&leaf.f)
+    };
+    #[cfg(feature = "rayon")]
+    if parallel && parallel_worth(leaves * LEAF) {
+        use rayon::prelude::*;
+        let per = leaves_per_task(leaves);
+        let parts: Vec<Option<T>> =
+            (0..leaves.div_ceil(per)).into_par_iter().map(|t| serial(t * per..((t + 1) * per).min(leaves))).collect();
+        let mut tree = Tree::new();
+        for p in parts.into_iter().flatten() {
+            tree.push(p, &leaf.f);
+        }
+        return tree.finish(&leaf.f).unwrap_or_else(|| leaf.init.expect("empty blocks have an identity"));
+    }
+    let _ = parallel;
+    serial(0..leaves).unwrap_or_else(|| leaf.init.expect("empty blocks have an identity"))
+}
+
+/// One contiguous block by the rule: LANES leaves at a time folded in
+/// lockstep (each still left to right) to hide the adds' latency.
+fn fold_contiguous<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(x: &[T], leaf: Leaf<T, F>, parallel: bool) -> T {
+    if x.len() <= LEAF {
+        return leaf.fold(x.iter().copied());
+    }
+    let leaves = x.len().div_ceil(LEAF);
+    // Aligned groups of LANES leaves are complete subtrees of the rule when
+    // LANES is a power of two: fold each group in lockstep, then treat it
+    // as one entry.
+    const _: () = assert!(LANES.is_power_of_two());
+    let group = |q: usize| -> T {
+        let start = q * LANES * LEAF;
+        let end = (start + LANES * LEAF).min(x.len());
+        let chunk = &x[start..end];
+        if chunk.len() < LANES * LEAF {
+            let mut tree = Tree::new();
+            for l in chunk.chunks(LEAF) {
+                tree.push(leaf.fold(l.iter().copied()), &leaf.f);
+            }
+            return tree.finish(&leaf.f).expect("non-empty chunk");
+        }
+        let (mut acc, first) = match leaf.init {
+            Some(i) => ([i; LANES], 0),
+            None => (std::array::from_fn(|r| chunk[r * LEAF]), 1),
+        };
+        for j in first..LEAF {
+            for r in 0..LANES {
+                acc[r] = (leaf.f)(acc[r], chunk[r * LEAF + j]);
+            }
+        }
+        let mut tree = Tree::new();
+        for a in acc {
+            tree.push(a, &leaf.f);
+        }
+        tree.finish(&leaf.f).expect("LANES entries")
+    };
+    let groups = leaves.div_ceil(LANES);
+    tree_of_leaves(groups, group, leaf, parallel)
+}
+
+// The LANES-rows loop indexes LANES slices in lockstep; an iterator is
+// not clearer there.
+#[allow(clippy::needless_range_loop)]
+/// Rows of at most LEAF elements (one leaf each: a plain left-to-right
+/// fold), LANES rows at a time so their dependency chains interleave.
+fn short_rows<T: Num, F: Fn(T, T) -> T + Copy>(x: &[T], block: usize, s: usize, c: &mut [T], leaf: Leaf<T, F>) {
+    let mut groups = c.chunks_exact_mut(LANES);
+    let mut row = s;
+    for group in &mut groups {
+        let base = row * block;
+        let rows: [&[T]; LANES] = std::array::from_fn(|r| &x[base + r * block..base + (r + 1) * block]);
+        let (mut acc, first) = match leaf.init {
+            Some(i) => ([i; LANES], 0),
+            None => (std::array::from_fn(|r| rows[r][0]), 1),
+        };
+        for j in first..block {
+            for r in 0..LANES {
+                acc[r] = (leaf.f)(acc[r], rows[r][j]);
+            }
+        }
+        group.copy_from_slice(&acc);
+        row += LANES;
+    }
+    for (i, o) in groups.into_remainder().iter_mut().enumerate() {
+        let b = (row + i) * block;
+        *o = leaf.fold(x[b..b + block].iter().copied());
+    }
+}
+
+/// Columns `cols` of the [rows, width] input `x`, reduced over `rows` (an
+/// aligned run of whole leaves, or the tail) by the rule.
+fn columns<T: Num, F: Fn(T, T) -> T + Copy>(
+    x: &[T],
+    width: usize,
+    cols: std::ops::Range<usize>,
+    rows: std::ops::Range<usize>,
+    leaf: Leaf<T, F>,
+) -> Vec<T> {
+    let merge = |mut a: Vec<T>, b: Vec<T>| {
+        for (a, b) in a.iter_mut().zip(b) {
+            *a = (leaf.f)(*a, b);
+        }
+        a
+    };
+    let mut tree = Tree::new();
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = (start + LEAF).min(rows.end);
+        let mut r = start;
+        let mut acc = match leaf.init {
+            Some(i) => vec![i; cols.len()],
+            None => {
+                r += 1;
+                x[start * width + cols.start..start * width + cols.end].to_vec()
+            }
+        };
+        for r in r..end {
+            for (a, &v) in acc.iter_mut().zip(&x[r * width + cols.start..r * width + cols.end]) {
+                *a = (leaf.f)(*a, v);
+            }
+        }
+        tree.push(acc, &merge);
+        start = end;
+    }
+    tree.finish(&merge).unwrap_or_else(|| vec![leaf.init.expect("empty blocks have an identity"); cols.len()])
+}
+
+/// `columns` over all `block` rows, the rows split across threads in
+/// aligned power-of-two runs of leaves (few columns, many rows).
+fn columns_parallel_rows<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
+    x: &[T],
+    width: usize,
+    cols: std::ops::Range<usize>,
+    block: usize,
+    leaf: Leaf<T, F>,
+) -> Vec<T> {
+    #[cfg(feature = "rayon")]
+    if parallel_worth(block * cols.len()) {
+        use rayon::prelude::*;
+        let leaves = block.div_ceil(LEAF);
+        let per = leaves_per_task(leaves) * LEAF;
+        let parts: Vec<Vec<T>> = (0..block.div_ceil(per))
+            .into_par_iter()
+            .map(|t| columns(x, width, cols.clone(), t * per..((t + 1) * per).min(block), leaf))
+            .collect();
+        let merge = |mut a: Vec<T>, b: Vec<T>| {
+            for (a, b) in a.iter_mut().zip(b) {
+                *a = (leaf.f)(*a, b);
+            }
+            a
+        };
+        let mut tree = Tree::new();
+        for p in parts {
+            tree.push(p, &merge);
+        }
+        return tree.finish(&merge).expect("at least one part");
+    }
+    columns(x, width, cols, 0..block, leaf)
 }
 
 /// Position of the first extreme element of a block (the first NaN if any).
@@ -370,13 +599,109 @@ mod tests {
         assert_eq!(a, b);
         let (a, b) = both(ReduceOp::Sum, 0b0101, &x, &[60, 1, 10, 513]);
         assert_eq!(a, b);
-        // And the sum of column 0 is the sequential sum.
+        // And the sum of column 0 is the rule's: 600 rows are 5 leaves.
         let (a, _) = both(ReduceOp::Sum, 0b01, &x, &dims);
-        let mut acc = 0.0f32;
-        for r in 0..600 {
-            acc += x[r * 513];
+        let column: Vec<f32> = (0..600).map(|r| x[r * 513]).collect();
+        assert_eq!(a[0].to_bits(), reference_sum(&column).to_bits());
+    }
+
+    /// docs/reductions.md's rule written as its definition: leaves of 128
+    /// folded from 0, combined by the power-of-two split.
+    fn reference_sum(x: &[f32]) -> f32 {
+        fn split(v: &[f32]) -> f32 {
+            if v.len() == 1 {
+                return v[0];
+            }
+            let h = 1usize << (usize::BITS - 1 - (v.len() - 1).leading_zeros());
+            split(&v[..h]) + split(&v[h..])
         }
-        assert_eq!(a[0].to_bits(), acc.to_bits());
+        let leaves: Vec<f32> = x.chunks(LEAF).map(|c| c.iter().fold(0.0f32, |a, &v| a + v)).collect();
+        if leaves.is_empty() {
+            0.0
+        } else {
+            split(&leaves)
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Sums of `n` values in the three layouts (contiguous blocks, columns,
+    /// strided axes) and the generic loop, against the reference.
+    fn check_rule(n: usize, seed: u64) {
+        let x = rand_f32(n * 3, seed);
+        // [3, n] over axis 1: contiguous blocks.
+        let (fast, generic) = both(ReduceOp::Sum, 0b10, &x, &[3, n]);
+        let want: Vec<f32> = (0..3).map(|r| reference_sum(&x[r * n..(r + 1) * n])).collect();
+        assert_eq!(bits(&fast), bits(&want), "contiguous, n = {n}");
+        assert_eq!(bits(&generic), bits(&want), "generic, n = {n}");
+        // [n, 3] over axis 0: columns.
+        let (fast, _) = both(ReduceOp::Sum, 0b01, &x, &[n, 3]);
+        let want: Vec<f32> = (0..3).map(|c| reference_sum(&(0..n).map(|r| x[r * 3 + c]).collect::<Vec<_>>())).collect();
+        assert_eq!(bits(&fast), bits(&want), "columns, n = {n}");
+        // [n, 3, 1] over axes 0 and 2 with n split as [a, 3, b]: strided.
+        if n % 2 == 0 && n > 0 {
+            let (a, b) = (2, n / 2);
+            let (got, _) = both(ReduceOp::Sum, 0b101, &x, &[a, 3, b]);
+            let want: Vec<f32> = (0..3)
+                .map(|c| {
+                    let seq: Vec<f32> = (0..a)
+                        .flat_map(|i| (0..b).map(move |k| (i, k)))
+                        .map(|(i, k)| x[i * 3 * b + c * b + k])
+                        .collect();
+                    reference_sum(&seq)
+                })
+                .collect();
+            assert_eq!(bits(&got), bits(&want), "strided, n = {n}");
+        }
+    }
+
+    #[test]
+    fn sums_follow_the_rule_bit_for_bit() {
+        for n in (0..300).chain([383, 384, 385, 1023, 1024, 1025, 1026, 8 * 128 * 3 + 5, 5000, 70_001, 1 << 17]) {
+            check_rule(n, n as u64);
+        }
+    }
+
+    /// The same bits with 1, 2, 3 and 4 threads, in every layout and with
+    /// few long blocks (split inside) as well as many short ones.
+    #[cfg(feature = "rayon")]
+    #[test]
+    fn thread_count_does_not_change_the_bits() {
+        let x = rand_f32(3 << 20, 9);
+        let cases: [(&[usize], u32); 5] = [
+            (&[3 << 20], 0b1),
+            (&[3, 1 << 20], 0b10),
+            (&[1 << 20, 3], 0b01),
+            (&[4, 3, 1 << 18], 0b101),
+            (&[3 << 12, 256], 0b10),
+        ];
+        for (dims, axes) in cases {
+            let mut seen: Option<Vec<u32>> = None;
+            for threads in [1, 2, 3, 4] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let (got, generic) = pool.install(|| both(ReduceOp::Sum, axes, &x, dims));
+                assert_eq!(bits(&got), bits(&generic), "{dims:?} {axes:b} {threads} threads");
+                match &seen {
+                    None => seen = Some(bits(&got)),
+                    Some(s) => assert_eq!(&bits(&got), s, "{dims:?} {axes:b} with {threads} threads"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn error_grows_like_log_n() {
+        // 2^22 ones: a serial f32 fold is exact here too, so use a value
+        // whose partial sums round: 0.1 (serial: off by about 2 %).
+        let n = 1 << 22;
+        let x = vec![0.1f32; n];
+        let got = red(ReduceOp::Sum, 0b1, false, f32s(&x), &[n]).unwrap().to_f64_vec()[0];
+        let exact = f64::from(0.1f32) * n as f64;
+        assert!(((got - exact) / exact).abs() < 1e-5, "{got} vs {exact}");
+        let serial = x.iter().fold(0.0f32, |a, &v| a + v) as f64;
+        assert!(((serial - exact) / exact).abs() > 1e-3, "the serial fold is visibly worse: {serial}");
     }
 
     #[test]
