@@ -64,7 +64,13 @@ impl<'g> Tensor<'g> {
     pub fn im2col(self, window: Window2d) -> Result<Tensor<'g>> {
         let [n, c, h, w] = nchw("Im2Col", &self)?;
         let [oh, ow] = output_size("Im2Col", &window, [h, w])?;
-        let dims = [n, c * window.kernel_elements(), oh * ow];
+        let rows = checked_product(
+            "Im2Col",
+            || format!("{c} channels x a {:?} window", window.kernel),
+            &[c, window.kernel[0] as usize, window.kernel[1] as usize],
+        )?;
+        let cols = checked_product("Im2Col", || format!("{oh}x{ow} window positions"), &[oh, ow])?;
+        let dims = [n, rows, cols];
         self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), Location::caller())
     }
 
