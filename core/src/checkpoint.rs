@@ -27,7 +27,7 @@ use safetensors::{Dtype, SafeTensors};
 use crate::dtype::HostData;
 use crate::error::{Error, Result};
 use crate::nn::Module;
-use crate::optim::OptimizerState;
+use crate::optim::{LrScheduler, OptimizerState};
 use crate::param::Param;
 use crate::shape::fmt_dims;
 
@@ -42,6 +42,16 @@ pub fn named_state(module: &dyn Module) -> Vec<(String, Param)> {
 /// The module's parameters and buffers as a safetensors file's bytes.
 #[track_caller]
 pub fn save_state(module: &dyn Module) -> impl std::future::Future<Output = Result<Vec<u8>>> + '_ {
+    save_state_with(module, HashMap::new())
+}
+
+/// `save_state` with extra string metadata (a model's configuration, a
+/// vocabulary…), read back with `read_metadata`.
+#[track_caller]
+pub fn save_state_with(
+    module: &dyn Module,
+    extra: HashMap<String, String>,
+) -> impl std::future::Future<Output = Result<Vec<u8>>> + '_ {
     let location = std::panic::Location::caller();
     async move {
         let entries = named_state(module);
@@ -61,7 +71,7 @@ pub fn save_state(module: &dyn Module) -> impl std::future::Future<Output = Resu
             let data = param.value().await.map_err(|e| e.at(location))?;
             tensors.push((key.clone(), param.dims().to_vec(), data));
         }
-        let mut metadata = HashMap::new();
+        let mut metadata = extra;
         metadata.insert("format".to_string(), "pt".to_string());
         serialize("checkpoint::save_state", &tensors, metadata).map_err(|e| e.at(location))
     }
@@ -124,6 +134,17 @@ fn is_batch_count(name: &str, expected: &HashSet<&str>) -> bool {
 pub fn save_optimizer_state<O: OptimizerState>(
     optimizer: &O,
 ) -> impl std::future::Future<Output = Result<Vec<u8>>> + '_ {
+    save_optimizer_state_with(optimizer, None)
+}
+
+/// `save_optimizer_state` plus a learning-rate scheduler's state (its step
+/// count and base rates, in the metadata as "scheduler.step" and
+/// "scheduler.base_lrs"), so that a resumed run continues the schedule.
+#[track_caller]
+pub fn save_optimizer_state_with<'a, O: OptimizerState>(
+    optimizer: &'a O,
+    scheduler: Option<&'a LrScheduler>,
+) -> impl std::future::Future<Output = Result<Vec<u8>>> + 'a {
     let location = std::panic::Location::caller();
     async move {
         let state = optimizer.read_state().await.map_err(|e| e.at(location))?;
@@ -139,6 +160,12 @@ pub fn save_optimizer_state<O: OptimizerState>(
         metadata.insert("optimizer".to_string(), optimizer.kind().to_string());
         metadata.insert("step".to_string(), optimizer.step_count().to_string());
         metadata.insert("params".to_string(), params.len().to_string());
+        metadata.insert("group_lrs".to_string(), join(&optimizer.group_learning_rates()));
+        if let Some(s) = scheduler {
+            let (step, base) = s.state();
+            metadata.insert("scheduler.step".to_string(), step.to_string());
+            metadata.insert("scheduler.base_lrs".to_string(), join(&base));
+        }
         for (name, value) in optimizer.hyper_parameters() {
             metadata.insert(name.to_string(), value.to_string());
         }
@@ -154,6 +181,18 @@ pub fn save_optimizer_state<O: OptimizerState>(
 /// changes.
 #[track_caller]
 pub fn load_optimizer_state<O: OptimizerState>(optimizer: &mut O, bytes: &[u8]) -> Result<()> {
+    load_optimizer_state_with(optimizer, None, bytes)
+}
+
+/// `load_optimizer_state` that also restores a scheduler saved with
+/// `save_optimizer_state_with` (the scheduler must be built with the same
+/// schedule; its step count and base rates come from the file).
+#[track_caller]
+pub fn load_optimizer_state_with<O: OptimizerState>(
+    optimizer: &mut O,
+    scheduler: Option<&mut LrScheduler>,
+    bytes: &[u8],
+) -> Result<()> {
     const OP: &str = "checkpoint::load_optimizer_state";
     let (_, header) =
         SafeTensors::read_metadata(bytes).map_err(|e| Error::io(OP, format!("not a safetensors file: {e}")))?;
@@ -208,8 +247,53 @@ pub fn load_optimizer_state<O: OptimizerState>(optimizer: &mut O, bytes: &[u8]) 
     check_match(OP, "optimizer", &missing, &unexpected, &mismatched)?;
     optimizer.write_state(&state)?;
     optimizer.set_step_count(step);
+    let group_lrs = match metadata.get("group_lrs") {
+        Some(text) => Some(split_numbers(OP, "group_lrs", text)?),
+        None => None,
+    };
+    let schedule_state = match scheduler.as_ref() {
+        None => None,
+        Some(_) => {
+            let step: u64 = field("scheduler.step")?
+                .parse()
+                .map_err(|_| Error::invalid(OP, "the metadata's 'scheduler.step' is not a count"))?;
+            Some((step, split_numbers(OP, "scheduler.base_lrs", field("scheduler.base_lrs")?)?))
+        }
+    };
     optimizer.set_learning_rate(lr);
+    if let Some(lrs) = group_lrs {
+        optimizer.set_group_learning_rates(&lrs);
+    }
+    if let (Some(s), Some((step, base))) = (scheduler, schedule_state) {
+        s.load_state(optimizer, step, &base)?;
+    }
     Ok(())
+}
+
+/// The string metadata of a safetensors file's bytes.
+#[track_caller]
+pub fn read_metadata(bytes: &[u8]) -> Result<HashMap<String, String>> {
+    match SafeTensors::read_metadata(bytes) {
+        Ok((_, header)) => Ok(header.metadata().clone().unwrap_or_default()),
+        Err(e) => Err(Error::io("checkpoint::read_metadata", format!("not a safetensors file: {e}"))),
+    }
+}
+
+/// Numbers as a comma-separated list (Rust's shortest round-trip form).
+fn join(values: &[f64]) -> String {
+    values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
+}
+
+#[track_caller]
+fn split_numbers(op: &'static str, key: &str, text: &str) -> Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for piece in text.split(',').filter(|p| !p.is_empty()) {
+        match piece.parse::<f64>() {
+            Ok(v) => out.push(v),
+            Err(_) => return Err(Error::invalid(op, format!("the metadata's '{key}' holds '{piece}', not a number"))),
+        }
+    }
+    Ok(out)
 }
 
 fn parse<'a>(op: &'static str, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {

@@ -104,10 +104,6 @@ impl Graph {
                 break;
             }
             let input_ids = SlabRange::of(&state.input_slab, node.inputs);
-            if let Err(e) = check_param_versions(state, input_ids) {
-                result = Err(e.at(node.location));
-                break;
-            }
             let dims = SlabRange::of(&state.dims_slab, node.dims);
             let len: usize = dims.iter().product();
             let output = match device.take_buffer(node.dtype, len) {
@@ -187,27 +183,6 @@ impl Graph {
         // executions may reuse it while the future is pending.
         self.device().backend().read(buffer, dtype, len).await
     }
-}
-
-/// Recomputing from a parameter that an optimizer has since changed would
-/// silently mix two versions of the model: refuse.
-fn check_param_versions(state: &crate::graph::GraphState, inputs: &[NodeId]) -> Result<()> {
-    for &input in inputs {
-        if let crate::op::Op::Param(index) = state.nodes[input as usize].op {
-            let (param, _, seen) = &state.params[index as usize];
-            if param.version() != *seen {
-                return Err(Error::invalid(
-                    "realize",
-                    format!(
-                        "parameter '{}' was updated after this graph used it; read the values you \
-                         need before the optimizer step, or build a new graph",
-                        param.name()
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 impl<'g> Tensor<'g> {

@@ -85,9 +85,11 @@ pub(crate) struct GraphState {
     /// Nodes whose buffer the graph owns, in the order they were computed
     /// (entries whose value was freed since are skipped on reset).
     pub owned: Vec<NodeId>,
-    /// Parameters used in this graph, with their leaf node and the parameter
-    /// version seen when the leaf was made.
-    pub params: Vec<(Param, NodeId, u64)>,
+    /// Parameters used in this graph, with their leaf node, the parameter
+    /// version seen when the leaf was made, and that version's buffer (held,
+    /// so an optimizer step copies on write instead of changing it under
+    /// the graph).
+    pub params: Vec<(Param, NodeId, u64, std::rc::Rc<crate::param::ValueBuffer>)>,
     /// Gradients kept after backward: leaf variables and retained nodes.
     pub kept_grads: Vec<(NodeId, NodeId)>,
     /// A backward pass has consumed the saved values of this graph.
@@ -330,6 +332,48 @@ impl Graph {
         Ok(self.tensor(id))
     }
 
+    /// A constant leaf holding `buffer` (taken from the pool; the graph owns
+    /// it from now on and gives it back on reset).
+    pub(crate) fn owned_leaf(
+        &self,
+        buffer: BufferId,
+        dims: &[usize],
+        dtype: DType,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor<'_>> {
+        let id = self.push_node(Op::Input, &[], dims, dtype, 0, &[], location)?;
+        let mut state = self.state.borrow_mut();
+        state.values[id as usize] = Some(buffer);
+        state.owned.push(id);
+        Ok(self.tensor(id))
+    }
+
+    /// A constant leaf reading `buffer` in place, which the graph does not
+    /// own: the caller keeps the buffer alive and unchanged for as long as
+    /// the graph lives (internal use with a graph local to one function).
+    pub(crate) fn borrowed_leaf(
+        &self,
+        buffer: BufferId,
+        dims: &[usize],
+        dtype: DType,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor<'_>> {
+        let id = self.push_node(Op::Input, &[], dims, dtype, 0, &[], location)?;
+        self.state.borrow_mut().values[id as usize] = Some(buffer);
+        Ok(self.tensor(id))
+    }
+
+    /// Take a computed value's buffer out of the graph (the caller owns it
+    /// now; the node reads as not computed). None for leaves, whose buffers
+    /// the graph does not own, and for values not computed.
+    pub(crate) fn take_value(&self, id: NodeId) -> Option<BufferId> {
+        let mut state = self.state.borrow_mut();
+        if state.nodes[id as usize].op.is_leaf() {
+            return None;
+        }
+        state.values[id as usize].take()
+    }
+
     /// A tensor of `dims` filled with `value`.
     #[track_caller]
     pub fn full(&self, dims: &[usize], value: f64, dtype: DType) -> Result<Tensor<'_>> {
@@ -387,10 +431,28 @@ impl Graph {
         let requires = param.requires_grad() && self.is_grad_enabled();
         {
             let state = self.state.borrow();
-            for (p, id, _) in &state.params {
+            let mut stale = false;
+            for (p, id, seen, _) in &state.params {
                 if p.same(param) && state.nodes[*id as usize].flags & flags::REQUIRES_GRAD == (requires as u8) {
-                    return Ok(self.tensor(*id));
+                    if *seen == param.version() {
+                        return Ok(self.tensor(*id));
+                    }
+                    stale = true;
                 }
+            }
+            // The graph's leaf holds older values. A trained parameter would
+            // mix two versions of the model in one gradient: refuse. State
+            // that gets no gradient (running statistics, caches) simply gets
+            // a leaf for its new version.
+            if stale && requires {
+                return Err(Error::invalid(
+                    "Param",
+                    format!(
+                        "parameter '{}' was updated after this graph used it; build the next step in a new \
+                         (or reset) graph",
+                        param.name()
+                    ),
+                ));
             }
         }
         let index = self.state.borrow().params.len() as u32;
@@ -398,8 +460,9 @@ impl Graph {
         let flag = if requires { flags::REQUIRES_GRAD } else { 0 };
         let id = self.push_node(Op::Param(index), &[], &dims, param.dtype(), flag, Location::caller())?;
         let mut state = self.state.borrow_mut();
-        state.values[id as usize] = Some(param.buffer());
-        state.params.push((param.clone(), id, param.version()));
+        let snapshot = param.value_snapshot();
+        state.values[id as usize] = Some(snapshot.id);
+        state.params.push((param.clone(), id, param.version(), snapshot));
         Ok(self.tensor(id))
     }
 

@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The byte-level functions (what the browser uses), re-exported.
-pub use kiln_core::checkpoint::{load_optimizer_state, load_state, named_state, save_optimizer_state, save_state};
+pub use kiln_core::checkpoint::{
+    load_optimizer_state, load_optimizer_state_with, load_state, named_state, read_metadata, save_optimizer_state,
+    save_optimizer_state_with, save_state, save_state_with,
+};
 use kiln_core::nn::Module;
 use kiln_core::optim::OptimizerState;
 use kiln_core::{Error, Result};

@@ -33,10 +33,15 @@
 
 pub use kiln_core::*;
 
+// Lets `#[derive(Module)]`'s generated `::kiln::...` paths resolve inside
+// this crate too.
+extern crate self as kiln;
+
 pub mod bench;
 pub mod checkpoint;
 pub mod devices;
 pub mod distributed;
+pub mod gpt;
 pub mod models;
 pub mod snapshot;
 pub mod train;
@@ -46,12 +51,28 @@ pub use kiln_wgsl::{WgpuBackend, WgpuOptions};
 
 /// Everything a training program usually needs.
 pub mod prelude {
-    pub use crate::{Blocking, DeviceSelection};
+    pub use crate::{clip_grad_norm, Blocking, BlockingParam, DeviceSelection};
     pub use kiln_core::nn::{
-        cross_entropy, cross_entropy_probs, mse_loss, nll_loss, Activation, Linear, Module, Sequential,
+        cross_entropy, cross_entropy_probs, init, mse_loss, nll_loss, scaled_dot_product_attention, Activation,
+        AdaptiveAvgPool2d, AttentionDropout, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, ConvOptions, ConvTranspose2d,
+        Dropout, Embedding, Flatten, GroupNorm, KvCache, LayerNorm, LeakyReLU, Linear, MaxPool2d, Mish, Module,
+        MultiheadAttention, RMSNorm, Sequential, Softplus, TransformerBlock, Unflatten, ELU,
     };
-    pub use kiln_core::optim::{Adam, Optimizer, Sgd};
+    pub use kiln_core::optim::{
+        clip_grad_value, Adam, LrScheduler, Optimizer, OptimizerState, ParamGroup, Schedule, Sgd,
+    };
     pub use kiln_core::{DType, Device, Error, Graph, HostData, Param, Result, SliceSpec, Tensor};
+}
+
+/// Clip the global gradient norm of `params` to `max_norm` (on the device)
+/// and return the norm before clipping: PyTorch's `clip_grad_norm_`. See
+/// `kiln_core::optim::clip_grad_norm`; this waits for the one value read
+/// back.
+#[track_caller]
+pub fn clip_grad_norm(params: &[Param], max_norm: f64, norm_type: f64) -> Result<f64> {
+    let location = std::panic::Location::caller();
+    let read = kiln_core::optim::clip_grad_norm(params, max_norm, norm_type)?;
+    pollster::block_on(read).map_err(|e| e.at(location))
 }
 
 /// Blocking reads for native programs. The engine's reads are futures (a

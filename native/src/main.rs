@@ -1,5 +1,6 @@
 //! The `kiln` command-line tool: train, bench, devices.
 
+mod gpt_cli;
 mod plot;
 
 use std::path::PathBuf;
@@ -27,8 +28,11 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
-    /// Train a classifier (default: an MLP on the embedded 8x8 digits).
+    /// Train a classifier (default: an MLP on the embedded 8x8 digits), or
+    /// the char-level GPT (--model gpt --dataset shakespeare --data FILE).
     Train(TrainArgs),
+    /// Generate text with a GPT checkpoint written by `kiln train --model gpt`.
+    Sample(SampleArgs),
     /// Run the benchmark workloads of BENCHMARKS.md, printing JSON lines.
     Bench(BenchArgs),
     /// List the compute devices kiln can use.
@@ -50,6 +54,8 @@ enum DatasetName {
     Mnist,
     /// Fashion-MNIST IDX files from --data.
     FashionMnist,
+    /// Any text file from --data (plain or .gz), for --model gpt.
+    Shakespeare,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -58,6 +64,8 @@ enum ModelName {
     Mlp,
     /// Two conv + ReLU + maxpool stages, then a 128-wide hidden layer.
     Cnn,
+    /// A character-level transformer language model (nanoGPT's).
+    Gpt,
 }
 
 #[derive(clap::Args)]
@@ -96,6 +104,36 @@ struct TrainArgs {
     /// Start from parameters saved with --save (same --model/--hidden).
     #[arg(long)]
     load: Option<PathBuf>,
+    /// GPT: optimizer steps (default 2000).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// GPT: transformer blocks, heads, width and context length.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    #[arg(long, default_value_t = 128)]
+    width: usize,
+    #[arg(long, default_value_t = 64)]
+    context: usize,
+    /// GPT: dropout on attention, residual branches.
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
+    /// GPT: checkpoint file (model; the optimizer and schedule go to FILE.optim).
+    #[arg(long, default_value = "kiln-gpt.safetensors")]
+    checkpoint: PathBuf,
+    /// GPT: write --checkpoint every N steps (0: only at the end). Resume a
+    /// GPT run with --resume CHECKPOINT (same data and model options).
+    #[arg(long, default_value_t = 500)]
+    save_every: u64,
+    /// GPT: evaluate the validation loss every N steps.
+    #[arg(long, default_value_t = 250)]
+    eval_interval: u64,
+    /// GPT: batches per evaluation during training, and at the end.
+    #[arg(long, default_value_t = 20)]
+    eval_batches: usize,
+    #[arg(long, default_value_t = 200)]
+    final_eval_batches: usize,
     /// Write a resumable snapshot (model, optimizer, position) into this
     /// directory after every epoch (and every --checkpoint-every steps).
     #[arg(long)]
@@ -109,6 +147,28 @@ struct TrainArgs {
     resume: Option<PathBuf>,
     #[command(flatten)]
     distributed: DistributedArgs,
+}
+
+#[derive(clap::Args)]
+struct SampleArgs {
+    /// A checkpoint written by `kiln train --model gpt`.
+    #[arg(long)]
+    load: PathBuf,
+    #[arg(long, default_value = "\n")]
+    prompt: String,
+    /// Characters to generate.
+    #[arg(long, default_value_t = 500)]
+    tokens: usize,
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    /// Sample only among the k most likely characters.
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
+    #[arg(long, env = "KILN_DEVICE", default_value = "best")]
+    device: String,
 }
 
 /// Data-parallel training over MPI: start with `mpirun -np N kiln train
@@ -154,6 +214,7 @@ fn backend_label(device: &Device) -> &'static str {
 fn load(args: &TrainArgs) -> Result<DatasetSplit> {
     match args.dataset {
         DatasetName::Digits => data::load_embedded_digits(0.2, args.seed),
+        DatasetName::Shakespeare => Err(Error::invalid("train", "text data trains --model gpt")),
         DatasetName::Mnist | DatasetName::FashionMnist => {
             let dir = args.data.as_ref().ok_or_else(|| {
                 Error::invalid("train", "--dataset mnist/fashion-mnist needs --data DIR with the IDX files")
@@ -161,6 +222,44 @@ fn load(args: &TrainArgs) -> Result<DatasetSplit> {
             data::load_mnist_dir(dir)
         }
     }
+}
+
+fn train_gpt(args: TrainArgs) -> Result<()> {
+    if args.dataset != DatasetName::Shakespeare || args.model != ModelName::Gpt {
+        return Err(Error::invalid(
+            "train",
+            "the GPT trains on text: use --model gpt --dataset shakespeare --data FILE",
+        ));
+    }
+    let data = args
+        .data
+        .clone()
+        .ok_or_else(|| Error::invalid("train", "--dataset shakespeare needs --data FILE (text or .gz)"))?;
+    let plot =
+        if args.plot == std::path::Path::new("kiln-train.png") { PathBuf::from("kiln-gpt.png") } else { args.plot };
+    gpt_cli::train(gpt_cli::GptArgs {
+        data,
+        device: args.device,
+        steps: args.steps.unwrap_or(2000),
+        batch: args.batch_size.unwrap_or(12),
+        lr: args.lr.unwrap_or(1e-3),
+        seed: args.seed,
+        config: kiln::gpt::GptConfig {
+            vocab: 0,
+            context: args.context,
+            layers: args.layers,
+            heads: args.heads,
+            width: args.width,
+            dropout: args.dropout,
+        },
+        plot,
+        checkpoint: args.checkpoint,
+        checkpoint_every: args.save_every,
+        resume: args.resume,
+        eval_interval: args.eval_interval,
+        eval_batches: args.eval_batches,
+        final_eval_batches: args.final_eval_batches,
+    })
 }
 
 #[cfg(feature = "mpi")]
@@ -179,6 +278,9 @@ fn rank_and_size(_world: WorldRef<'_>) -> (usize, usize) {
 }
 
 fn train(args: TrainArgs) -> Result<()> {
+    if args.model == ModelName::Gpt || args.dataset == DatasetName::Shakespeare {
+        return train_gpt(args);
+    }
     if !args.distributed.distributed {
         return train_on(&args, None);
     }
@@ -260,6 +362,7 @@ fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
                 DatasetName::Digits => "embedded digits",
                 DatasetName::Mnist => "MNIST",
                 DatasetName::FashionMnist => "Fashion-MNIST",
+                DatasetName::Shakespeare => "text",
             },
             split.train.len,
             split.test.len,
@@ -487,6 +590,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train(args),
+        Command::Sample(args) => gpt_cli::sample(gpt_cli::SampleArgs {
+            load: args.load,
+            prompt: args.prompt.replace("\\n", "\n"),
+            tokens: args.tokens,
+            temperature: args.temperature,
+            top_k: args.top_k,
+            seed: args.seed,
+            device: args.device,
+        }),
         Command::Bench(args) => run_bench(args),
         Command::Devices => list_devices(),
         Command::Ops { output } => print_ops(output),

@@ -196,6 +196,60 @@ fn draw_no_data<DB: DrawingBackend>(
     ))
 }
 
+/// One panel: training loss per step (blue) and validation loss at each
+/// evaluation (red, with markers), against the optimizer step — the
+/// language-model counterpart of `write_training_curves`.
+pub fn write_loss_curves(path: &Path, title: &str, train: &[(f64, f64)], val: &[(f64, f64)]) -> Result<(), String> {
+    ensure_font()?;
+    let fail = |e: &dyn std::fmt::Display| format!("plot: could not draw loss curves into {}: {e}", path.display());
+    let (train, val) = (finite(train), finite(val));
+    let both: Vec<(f64, f64)> = train.iter().chain(val.iter()).copied().collect();
+    let (lo, hi) = y_range(&both);
+    let pad = (hi - lo) * 0.05;
+    let x_max = max_x(&both).max(1.0) * 1.03;
+    let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let root = root.titled(title, (FONT, 26)).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..x_max, (lo - pad).max(0.0)..hi + pad)
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("loss (nats/char)")
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 16))
+        .light_line_style(RGBColor(240, 240, 240))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    if both.is_empty() {
+        return draw_no_data(&root).map_err(|e| fail(&e));
+    }
+    chart
+        .draw_series(LineSeries::new(train.iter().copied(), BLUE.stroke_width(1)))
+        .map_err(|e| fail(&e))?
+        .label("train")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    let red = RGBColor(200, 40, 40);
+    chart
+        .draw_series(LineSeries::new(val.iter().copied(), red.stroke_width(2)))
+        .map_err(|e| fail(&e))?
+        .label("validation")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red));
+    chart.draw_series(val.iter().map(|&(x, y)| Circle::new((x, y), 4, red.filled()))).map_err(|e| fail(&e))?;
+    chart
+        .configure_series_labels()
+        .label_font((FONT, 15))
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -356,6 +356,16 @@ fn mismatches_are_named_at_start_up() {
     assert!(run.output.contains("agreement ok"));
 }
 
+/// The number in `kiln train`'s last "test accuracy N% after …" line.
+fn final_accuracy(output: &str) -> f64 {
+    output
+        .lines()
+        .find_map(|l| l.strip_prefix("test accuracy "))
+        .and_then(|rest| rest.split('%').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no test accuracy in:\n{output}"))
+}
+
 fn cli_trains_and_resumes() {
     // KILN_BIN: the binary when this test runs away from its build tree.
     let kiln = std::env::var_os("KILN_BIN").map(PathBuf::from).unwrap_or_else(|| env!("CARGO_BIN_EXE_kiln").into());
@@ -364,17 +374,24 @@ fn cli_trains_and_resumes() {
     // No other flags: the digits MLP, test accuracy printed.
     let run = mpirun(4, &kiln, &["train", "--distributed", "--plot", &plot], &[]);
     assert!(run.status.success(), "{}", run.output);
-    let accuracy: f64 = run
-        .output
-        .lines()
-        .find_map(|l| l.strip_prefix("test accuracy "))
-        .and_then(|rest| rest.split('%').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no test accuracy in:\n{}", run.output));
+    let accuracy = final_accuracy(&run.output);
     println!("mpirun -np 4 kiln train --distributed: {accuracy:.2}% test accuracy in {:.1} s", run.seconds);
     assert!(accuracy > 90.0, "{}", run.output);
     let finals = run.output.lines().filter(|l| l.starts_with("test accuracy ")).count();
     assert_eq!(finals, 1, "rank 0 alone reports:\n{}", run.output);
+
+    // The CNN through the CLI: the same accuracy as one process.
+    let cnn_args = ["train", "--model", "cnn", "--epochs", "2", "--plot", &plot];
+    let one = Command::new(&kiln).args(cnn_args).env("RAYON_NUM_THREADS", "1").output().unwrap();
+    assert!(one.status.success(), "{}", String::from_utf8_lossy(&one.stderr));
+    let one = final_accuracy(&String::from_utf8_lossy(&one.stdout));
+    let mut distributed_args = vec!["train", "--distributed"];
+    distributed_args.extend(&cnn_args[1..]);
+    let run = mpirun(2, &kiln, &distributed_args, &[]);
+    assert!(run.status.success(), "{}", run.output);
+    let two = final_accuracy(&run.output);
+    println!("kiln train --model cnn --epochs 2: {one:.2}% on one process, {two:.2}% on 2");
+    assert!((one - two).abs() <= 1.0, "CNN: {one}% on one process, {two}% on two");
 
     // 4 epochs straight on 2 processes, against 2 epochs on 2 then 2 more on 4.
     let straight = dir.join("straight.safetensors").display().to_string();

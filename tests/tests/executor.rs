@@ -191,7 +191,7 @@ fn building_nodes_runs_nothing() {
 }
 
 #[test]
-fn reading_a_stale_value_after_an_optimizer_step_is_a_clear_error() {
+fn a_value_read_after_an_optimizer_step_comes_from_the_parameters_the_graph_saw() {
     let device = Device::cpu();
     let p = Param::new(&device, "w", &[1.0f32, 2.0], &[2]).unwrap();
     let mut sgd = Sgd::new(vec![p.clone()], 0.1).unwrap();
@@ -205,8 +205,11 @@ fn reading_a_stale_value_after_an_optimizer_step_is_a_clear_error() {
     // The loss was realized by backward: still readable.
     let expected = (1.0f64).sin() + (4.0f64).sin();
     assert_close(&[loss.item_blocking().unwrap()], &[expected], 1e-6);
-    // `unread` must be computed from the updated parameter: refused.
-    let err = unread.to_vec_blocking::<f32>().unwrap_err();
+    // `unread` is computed after the step from the values the graph saw
+    // (copy-on-write kept them), as in PyTorch where it would exist already.
+    assert_close(&values(&unread), &[10.0, 20.0], 1e-6);
+    // Using the updated parameter in this graph would mix versions: refused.
+    let err = graph.param(&p).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     assert!(err.message().contains("was updated"), "{err}");
     assert!(err.message().contains("'w'"), "the message names the parameter: {err}");
@@ -239,14 +242,18 @@ fn a_value_read_before_backward_stays_readable_after_the_optimizer_step() {
     sgd.step().unwrap();
     assert_eq!(logits.to_vec_blocking::<f32>().unwrap(), vec![1.0, 2.0]);
     assert_close(&values(&hidden), &[1f64.exp(), 2f64.exp()], 1e-6);
-    // Values never asked for are still freed by backward and refused after
-    // the step (nothing silently mixes parameter versions).
+    // Values never asked for are freed by backward; read after the step,
+    // they are recomputed from the parameter values this graph saw (the
+    // step copied the parameter on write), never from the updated ones.
     let graph = Graph::new(&device);
     let x = graph.tensor_from(&[1.0f32, 1.0], &[1, 2]).unwrap();
+    let before = p.value_blocking().unwrap().to_f64_vec();
     let logits = x.mul(graph.param(&p).unwrap()).unwrap();
     logits.exp().unwrap().sum_all().unwrap().backward().unwrap();
     sgd.step().unwrap();
-    let err = logits.to_vec_blocking::<f32>().unwrap_err();
+    assert_close(&values(&logits), &before, 1e-6);
+    // Asking this graph for the updated parameter would mix versions.
+    let err = graph.param(&p).unwrap_err();
     assert!(err.message().contains("was updated"), "{err}");
 }
 

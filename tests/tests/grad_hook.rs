@@ -1,6 +1,6 @@
 //! The gradient-ready observer (`Tensor::backward_observed`) that lets
 //! data-parallel training start exchanging gradients during backward, and
-//! `Param::set_grad`, through which the exchanged gradients come back.
+//! `Param::set_grad_host`, through which the exchanged gradients come back.
 
 use kiln::nn::Module;
 use kiln::prelude::*;
@@ -83,14 +83,14 @@ fn a_parameter_whose_gradient_is_the_seed_is_reported_too() {
 fn set_grad_replaces_the_gradient_and_checks_its_size() {
     let device = Device::cpu();
     let p = Param::new(&device, "w", &[1.0f32, 2.0, 3.0], &[3]).unwrap();
-    p.set_grad(&HostData::F32(vec![0.5, 0.25, 0.125])).unwrap();
+    p.set_grad_host(&HostData::F32(vec![0.5, 0.25, 0.125])).unwrap();
     assert_eq!(p.grad_blocking().unwrap(), Some(HostData::F32(vec![0.5, 0.25, 0.125])));
-    p.set_grad(&HostData::F32(vec![1.0, 1.0, 1.0])).unwrap();
+    p.set_grad_host(&HostData::F32(vec![1.0, 1.0, 1.0])).unwrap();
     assert_eq!(p.grad_blocking().unwrap(), Some(HostData::F32(vec![1.0, 1.0, 1.0])));
-    let err = p.set_grad(&HostData::F32(vec![1.0, 2.0])).unwrap_err();
+    let err = p.set_grad_host(&HostData::F32(vec![1.0, 2.0])).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Shape, "{err}");
     assert!(err.to_string().contains("'w'"), "names the parameter: {err}");
-    let err = p.set_grad(&HostData::F64(vec![1.0, 2.0, 3.0])).unwrap_err();
+    let err = p.set_grad_host(&HostData::F64(vec![1.0, 2.0, 3.0])).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Shape, "{err}");
     assert_eq!(p.grad_blocking().unwrap(), Some(HostData::F32(vec![1.0, 1.0, 1.0])), "unchanged after an error");
     // An optimizer step uses the gradient that was set.

@@ -189,7 +189,7 @@ impl<'g> Tensor<'g> {
         let mut plan = BackwardPlan { first_new, ..BackwardPlan::default() };
         {
             let state = graph.state.borrow();
-            for (index, (_, leaf, _)) in state.params.iter().enumerate() {
+            for (index, (_, leaf, _, _)) in state.params.iter().enumerate() {
                 if let Some(Some(g)) = grads.get(*leaf as usize) {
                     plan.params.push((index, *g));
                 }

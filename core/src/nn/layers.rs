@@ -52,6 +52,29 @@ impl Linear {
         Ok(Linear { weight, bias, in_features, out_features })
     }
 
+    /// A linear layer around an existing weight [out, in] (and bias):
+    /// weight tying, e.g. a language model's output layer sharing the token
+    /// embedding's table. The `Param` is shared, not copied.
+    #[track_caller]
+    pub fn tied(weight: Param, bias: Option<Param>) -> Result<Linear> {
+        let dims = weight.dims();
+        if dims.len() != 2 || dims[0] == 0 || dims[1] == 0 {
+            return Err(Error::shape(
+                "Linear::tied",
+                format!("the weight must be [out, in], got {:?}", dims.as_slice()),
+            ));
+        }
+        if let Some(b) = &bias {
+            if b.dims().as_slice() != [dims[0]] {
+                return Err(Error::shape(
+                    "Linear::tied",
+                    format!("the bias must be [{}], got {:?}", dims[0], b.dims().as_slice()),
+                ));
+            }
+        }
+        Ok(Linear { in_features: dims[1], out_features: dims[0], weight, bias })
+    }
+
     pub fn in_features(&self) -> usize {
         self.in_features
     }

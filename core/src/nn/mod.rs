@@ -1,14 +1,21 @@
 //! Layers and losses built from the primitive ops.
 
+mod activation;
+pub mod attention;
 mod conv;
+pub mod init;
 mod layers;
 pub mod loss;
 mod norm;
 
+pub use activation::{LeakyReLU, Mish, Softplus, ELU};
+pub use attention::{
+    scaled_dot_product_attention, AttentionDropout, KvCache, LayerCache, MultiheadAttention, TransformerBlock,
+};
 pub use conv::{AdaptiveAvgPool2d, AvgPool2d, Conv2d, ConvOptions, ConvTranspose2d, Flatten, MaxPool2d, Unflatten};
 pub use layers::{Activation, Dropout, Embedding, Linear, Sequential};
 pub use loss::{cross_entropy, cross_entropy_probs, mse_loss, nll_loss};
-pub use norm::{BatchNorm2d, LayerNorm};
+pub use norm::{BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm};
 
 use crate::error::Result;
 use crate::graph::Tensor;
@@ -63,3 +70,133 @@ pub trait Module {
         self.parameters().iter().map(|p| p.numel()).sum()
     }
 }
+
+/// The derive macro: `#[derive(Module)]` (see the `kiln-derive` crate).
+pub use kiln_derive::Module;
+
+/// What `#[derive(Module)]` asks of a field: its parameters and buffers
+/// under the field's name, and the training switch. Implemented for
+/// `Param`, every kiln layer, derived modules, and `Vec`/`Option`/`Box` of
+/// those. A hand-written `Module` type becomes usable as a field with
+/// `kiln::module_field!(MyType);`.
+pub trait ModuleField {
+    fn collect_parameters(&self, prefix: &str, out: &mut Vec<(String, Param)>);
+    fn collect_buffers(&self, prefix: &str, out: &mut Vec<(String, Param)>);
+    fn set_training_field(&self, training: bool);
+}
+
+/// Append `entries` to `out` with "{prefix}." in front of each key.
+pub fn prefix_entries(prefix: &str, entries: Vec<(String, Param)>, out: &mut Vec<(String, Param)>) {
+    out.extend(entries.into_iter().map(|(k, p)| (format!("{prefix}.{k}"), p)));
+}
+
+/// Keep the first entry of every parameter that appears more than once
+/// (one `Param` used by two modules: weight tying), so an optimizer never
+/// updates it twice.
+pub fn dedup_params(entries: Vec<(String, Param)>) -> Vec<(String, Param)> {
+    let mut out: Vec<(String, Param)> = Vec::with_capacity(entries.len());
+    for (k, p) in entries {
+        if !out.iter().any(|(_, q)| q.same(&p)) {
+            out.push((k, p));
+        }
+    }
+    out
+}
+
+impl ModuleField for Param {
+    fn collect_parameters(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        out.push((prefix.to_string(), self.clone()));
+    }
+    fn collect_buffers(&self, _prefix: &str, _out: &mut Vec<(String, Param)>) {}
+    fn set_training_field(&self, _training: bool) {}
+}
+
+impl<T: ModuleField> ModuleField for Vec<T> {
+    fn collect_parameters(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        for (i, item) in self.iter().enumerate() {
+            item.collect_parameters(&format!("{prefix}.{i}"), out);
+        }
+    }
+    fn collect_buffers(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        for (i, item) in self.iter().enumerate() {
+            item.collect_buffers(&format!("{prefix}.{i}"), out);
+        }
+    }
+    fn set_training_field(&self, training: bool) {
+        self.iter().for_each(|item| item.set_training_field(training));
+    }
+}
+
+impl<T: ModuleField> ModuleField for Option<T> {
+    fn collect_parameters(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        if let Some(item) = self {
+            item.collect_parameters(prefix, out);
+        }
+    }
+    fn collect_buffers(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        if let Some(item) = self {
+            item.collect_buffers(prefix, out);
+        }
+    }
+    fn set_training_field(&self, training: bool) {
+        if let Some(item) = self {
+            item.set_training_field(training);
+        }
+    }
+}
+
+impl ModuleField for Box<dyn Module> {
+    fn collect_parameters(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        prefix_entries(prefix, self.named_parameters(), out);
+    }
+    fn collect_buffers(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        prefix_entries(prefix, self.named_buffers(), out);
+    }
+    fn set_training_field(&self, training: bool) {
+        self.set_training(training);
+    }
+}
+
+/// Make hand-written `Module` types usable as fields of derived modules.
+#[macro_export]
+macro_rules! module_field {
+    ($($t:ty),* $(,)?) => {$(
+        impl $crate::nn::ModuleField for $t {
+            fn collect_parameters(&self, prefix: &str, out: &mut Vec<(String, $crate::Param)>) {
+                $crate::nn::prefix_entries(prefix, $crate::nn::Module::named_parameters(self), out);
+            }
+            fn collect_buffers(&self, prefix: &str, out: &mut Vec<(String, $crate::Param)>) {
+                $crate::nn::prefix_entries(prefix, $crate::nn::Module::named_buffers(self), out);
+            }
+            fn set_training_field(&self, training: bool) {
+                $crate::nn::Module::set_training(self, training);
+            }
+        }
+    )*};
+}
+
+module_field!(
+    Linear,
+    Sequential,
+    Activation,
+    Dropout,
+    Embedding,
+    LayerNorm,
+    RMSNorm,
+    GroupNorm,
+    BatchNorm1d,
+    BatchNorm2d,
+    Conv2d,
+    ConvTranspose2d,
+    MaxPool2d,
+    AvgPool2d,
+    AdaptiveAvgPool2d,
+    Flatten,
+    Unflatten,
+    LeakyReLU,
+    ELU,
+    Softplus,
+    Mish,
+    MultiheadAttention,
+    TransformerBlock,
+);

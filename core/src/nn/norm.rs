@@ -166,3 +166,156 @@ impl Module for BatchNorm2d {
         self.training.set(training);
     }
 }
+
+/// Root-mean-square normalisation over the trailing `normalized` dims:
+/// x / √(mean(x²) + eps) · weight (PyTorch's `nn.RMSNorm`; weight starts at 1).
+pub struct RMSNorm {
+    pub weight: Param,
+    normalized: Vec<usize>,
+    eps: f64,
+}
+
+impl RMSNorm {
+    #[track_caller]
+    pub fn new(device: &Device, normalized: &[usize], eps: f64) -> Result<RMSNorm> {
+        let n: usize = normalized.iter().product();
+        if normalized.is_empty() || n == 0 || eps.is_nan() || eps <= 0.0 {
+            return Err(Error::invalid(
+                "RMSNorm",
+                format!("needs a non-empty shape and eps > 0, got {normalized:?} and {eps}"),
+            ));
+        }
+        let weight = filled(device, "RMSNorm", "weight", normalized, 1.0)?;
+        Ok(RMSNorm { weight, normalized: normalized.to_vec(), eps })
+    }
+}
+
+impl Module for RMSNorm {
+    #[track_caller]
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let d = x.dims();
+        let k = self.normalized.len();
+        if d.len() < k || d[d.len() - k..] != self.normalized[..] {
+            return Err(Error::shape(
+                "RMSNorm",
+                format!("input {:?} does not end in {:?}", d.as_slice(), self.normalized),
+            ));
+        }
+        x.rms_norm(k, self.eps)?.mul(x.graph().param(&self.weight)?)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        vec![self.weight.clone()]
+    }
+}
+
+/// Group normalisation (PyTorch's `nn.GroupNorm`): the C channels of an
+/// [N, C, *] input are split into `groups` groups, each normalised over its
+/// channels and all spatial positions, then scaled and shifted per channel.
+pub struct GroupNorm {
+    pub weight: Param,
+    pub bias: Param,
+    groups: usize,
+    channels: usize,
+    eps: f64,
+}
+
+impl GroupNorm {
+    #[track_caller]
+    pub fn new(device: &Device, groups: usize, channels: usize, eps: f64) -> Result<GroupNorm> {
+        if groups == 0 || channels == 0 || channels % groups != 0 || eps.is_nan() || eps <= 0.0 {
+            return Err(Error::invalid(
+                "GroupNorm",
+                format!("needs groups > 0 dividing channels > 0 and eps > 0, got {groups}, {channels}, {eps}"),
+            ));
+        }
+        Ok(GroupNorm {
+            weight: filled(device, "GroupNorm", "weight", &[channels], 1.0)?,
+            bias: filled(device, "GroupNorm", "bias", &[channels], 0.0)?,
+            groups,
+            channels,
+            eps,
+        })
+    }
+}
+
+impl Module for GroupNorm {
+    #[track_caller]
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let d = x.dims();
+        if d.len() < 2 || d[1] != self.channels {
+            return Err(Error::shape(
+                "GroupNorm",
+                format!("expects [N, {}, ...], got {:?}", self.channels, d.as_slice()),
+            ));
+        }
+        let normalized = x.group_norm(self.groups, self.eps)?;
+        let mut per_channel = vec![1usize; d.len()];
+        per_channel[1] = self.channels;
+        let graph = x.graph();
+        let weight = graph.param(&self.weight)?.reshape_to(&per_channel)?;
+        let bias = graph.param(&self.bias)?.reshape_to(&per_channel)?;
+        normalized.mul(weight)?.add(bias)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        vec![self.weight.clone(), self.bias.clone()]
+    }
+}
+
+/// Batch normalisation of [N, C] or [N, C, L] inputs per channel (PyTorch's
+/// `nn.BatchNorm1d`), with the same training/evaluation behaviour and
+/// running statistics as `BatchNorm2d`.
+pub struct BatchNorm1d {
+    inner: BatchNorm2d,
+}
+
+impl BatchNorm1d {
+    #[track_caller]
+    pub fn new(device: &Device, channels: usize, eps: f64, momentum: f64) -> Result<BatchNorm1d> {
+        match BatchNorm2d::new(device, channels, eps, momentum) {
+            Ok(inner) => Ok(BatchNorm1d { inner }),
+            Err(e) => Err(Error::invalid("BatchNorm1d", e.message().to_string())),
+        }
+    }
+    pub fn weight(&self) -> &Param {
+        &self.inner.weight
+    }
+    pub fn bias(&self) -> &Param {
+        &self.inner.bias
+    }
+    pub fn running_mean(&self) -> &Param {
+        &self.inner.running_mean
+    }
+    pub fn running_var(&self) -> &Param {
+        &self.inner.running_var
+    }
+}
+
+impl Module for BatchNorm1d {
+    /// [N, C] and [N, C, L] are viewed as [N, C, 1, L] and normalised by
+    /// the 2-D layer, whose statistics run over (N, H, W) = (N, L).
+    #[track_caller]
+    fn forward<'g>(&self, x: Tensor<'g>) -> Result<Tensor<'g>> {
+        let d = x.dims();
+        let c = self.inner.channels;
+        let as4 = match d.as_slice() {
+            [n, ch] if *ch == c => [*n, c, 1, 1],
+            [n, ch, l] if *ch == c => [*n, c, 1, *l],
+            _ => {
+                return Err(Error::shape(
+                    "BatchNorm1d",
+                    format!("expects [N, {c}] or [N, {c}, L], got {:?}", d.as_slice()),
+                ))
+            }
+        };
+        self.inner.forward(x.reshape_to(&as4)?)?.reshape_to(&d)
+    }
+    fn parameters(&self) -> Vec<Param> {
+        self.inner.parameters()
+    }
+    fn buffers(&self) -> Vec<Param> {
+        self.inner.buffers()
+    }
+    fn set_training(&self, training: bool) {
+        self.inner.set_training(training);
+    }
+}

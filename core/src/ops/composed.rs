@@ -116,6 +116,99 @@ impl<'g> Tensor<'g> {
         self.mul(self.sigmoid()?)
     }
 
+    /// Leaky ReLU: x for x > 0, `slope`·x otherwise (the gradient at 0 is
+    /// `slope`, as PyTorch's).
+    #[track_caller]
+    pub fn leaky_relu(self, slope: f64) -> Result<Tensor<'g>> {
+        self.require_float("leaky_relu")?;
+        if !slope.is_finite() {
+            return Err(Error::invalid("leaky_relu", format!("slope {slope} must be finite")));
+        }
+        self.gt(0.0)?.where_(self, self.mul(slope)?)
+    }
+
+    /// ELU: x for x > 0, alpha·(exp(x) − 1) otherwise.
+    #[track_caller]
+    pub fn elu(self, alpha: f64) -> Result<Tensor<'g>> {
+        self.require_float("elu")?;
+        if !alpha.is_finite() {
+            return Err(Error::invalid("elu", format!("alpha {alpha} must be finite")));
+        }
+        // exp of min(x, 0): the branch where() discards never overflows, so
+        // its zero gradient is never 0 · inf.
+        let negative = self.minimum(0.0)?.exp()?.sub(1.0)?.mul(alpha)?;
+        self.gt(0.0)?.where_(self, negative)
+    }
+
+    /// Softplus: log(1 + exp(beta·x)) / beta, computed as
+    /// max(z, 0) + log(1 + exp(−|z|)) with z = beta·x, so that it neither
+    /// overflows nor loses the gradient at 0 (which is exactly 1/2).
+    #[track_caller]
+    pub fn softplus(self, beta: f64) -> Result<Tensor<'g>> {
+        self.require_float("softplus")?;
+        if !(beta.is_finite() && beta > 0.0) {
+            return Err(Error::invalid("softplus", format!("beta {beta} must be positive and finite")));
+        }
+        let z = if beta == 1.0 { self } else { self.mul(beta)? };
+        let positive = z.gt(0.0)?;
+        // -|z| and max(z, 0) written with where(), whose branch gradients
+        // are exact (abs/maximum would send the whole gradient one way at 0).
+        let minus_abs = positive.where_(z.neg()?, z)?;
+        let relu = positive.where_(z, 0.0)?;
+        let out = relu.add(minus_abs.exp()?.add(1.0)?.log()?)?;
+        if beta == 1.0 {
+            Ok(out)
+        } else {
+            out.div(beta)
+        }
+    }
+
+    /// Mish: x · tanh(softplus(x)).
+    #[track_caller]
+    pub fn mish(self) -> Result<Tensor<'g>> {
+        self.require_float("mish")?;
+        self.mul(self.softplus(1.0)?.tanh()?)
+    }
+
+    /// x / √(mean(x²) + eps) over the last `dims` axes (RMSNorm without
+    /// its scale).
+    #[track_caller]
+    pub fn rms_norm(self, dims: usize, eps: f64) -> Result<Tensor<'g>> {
+        self.require_float("rms_norm")?;
+        if dims == 0 || dims > self.rank() || !(eps.is_finite() && eps > 0.0) {
+            return Err(Error::invalid(
+                "rms_norm",
+                format!("needs 1 <= dims <= rank {} and eps > 0, got dims {dims}, eps {eps}", self.rank()),
+            ));
+        }
+        let axes: Vec<isize> = (self.rank() - dims..self.rank()).map(|a| a as isize).collect();
+        self.div(self.square()?.mean(&axes, true)?.add(eps)?.sqrt()?)
+    }
+
+    /// Group normalisation without the affine part: the channels (axis 1)
+    /// of an [N, C, ...] tensor are split into `groups`, each normalised to
+    /// zero mean and unit (population) variance over its channels and
+    /// positions.
+    #[track_caller]
+    pub fn group_norm(self, groups: usize, eps: f64) -> Result<Tensor<'g>> {
+        self.require_float("group_norm")?;
+        let d = self.dims();
+        if d.len() < 2 || groups == 0 || d[1] % groups != 0 || !(eps.is_finite() && eps > 0.0) {
+            return Err(Error::invalid(
+                "group_norm",
+                format!("needs [N, C, ...] with groups {groups} dividing C and eps {eps} > 0, got {:?}", d.as_slice()),
+            ));
+        }
+        let per_group: usize = d[1] / groups * d[2..].iter().product::<usize>();
+        if per_group == 0 {
+            return Err(Error::shape("group_norm", format!("input {:?} has no elements per group", d.as_slice())));
+        }
+        let grouped = self.reshape_to(&[d[0], groups, per_group])?;
+        let mean = grouped.mean(&[2], true)?;
+        let var = grouped.var(&[2], true, 0)?;
+        grouped.sub(mean)?.div(var.add(eps)?.sqrt()?)?.reshape_to(&d)
+    }
+
     /// One-hot rows: an i32 label vector [n] becomes [n, classes] of `dtype`.
     #[track_caller]
     pub fn one_hot(self, classes: usize, dtype: DType) -> Result<Tensor<'g>> {

@@ -11,6 +11,7 @@ mod composed;
 mod conv;
 mod elementwise;
 mod linalg;
+mod masking;
 mod movement;
 mod reduce;
 

@@ -2,6 +2,12 @@
 //! recorded for an update) as fused in-place kernels on the parameters'
 //! persistent buffers: one pass over memory per parameter per step.
 
+mod clip;
+mod schedule;
+
+pub use clip::{clip_grad_norm, clip_grad_value};
+pub use schedule::{LrScheduler, Schedule};
+
 use crate::backend::{BufferId, ParamUpdate};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
@@ -13,14 +19,100 @@ pub trait Optimizer {
     fn step(&mut self) -> Result<()>;
     /// Drop the gradients of every parameter this optimizer updates.
     fn zero_grad(&self);
+    /// The learning rate of the first parameter group.
     fn learning_rate(&self) -> f64;
+    /// Set every parameter group's learning rate.
     fn set_learning_rate(&mut self, lr: f64);
+    /// Each parameter group's learning rate, in group order.
+    fn group_learning_rates(&self) -> Vec<f64> {
+        vec![self.learning_rate()]
+    }
+    /// Set each group's learning rate (one value per group; schedulers use
+    /// this so that groups keep their ratios).
+    fn set_group_learning_rates(&mut self, lrs: &[f64]) {
+        if let Some(&lr) = lrs.first() {
+            self.set_learning_rate(lr);
+        }
+    }
+}
+
+/// Parameters that share hyper-parameters. `lr`/`weight_decay` left as
+/// None take the optimizer's defaults (PyTorch's `param_groups`).
+#[derive(Clone, Debug, Default)]
+pub struct ParamGroup {
+    pub params: Vec<Param>,
+    pub lr: Option<f64>,
+    pub weight_decay: Option<f64>,
+}
+
+impl ParamGroup {
+    pub fn new(params: Vec<Param>) -> ParamGroup {
+        ParamGroup { params, lr: None, weight_decay: None }
+    }
+    pub fn lr(mut self, lr: f64) -> ParamGroup {
+        self.lr = Some(lr);
+        self
+    }
+    pub fn weight_decay(mut self, weight_decay: f64) -> ParamGroup {
+        self.weight_decay = Some(weight_decay);
+        self
+    }
+
+    /// The usual split in one line: weight matrices (and embeddings, and
+    /// convolution kernels — every parameter of rank >= 2) decay by
+    /// `weight_decay`; biases and normalisation scales (rank < 2) do not.
+    /// `Adam::adamw_groups(ParamGroup::decay_split(model.parameters(), 0.1), 1e-3)`.
+    pub fn decay_split(params: Vec<Param>, weight_decay: f64) -> Vec<ParamGroup> {
+        let (decay, no_decay): (Vec<Param>, Vec<Param>) = params.into_iter().partition(|p| p.dims().len() >= 2);
+        vec![ParamGroup::new(decay).weight_decay(weight_decay), ParamGroup::new(no_decay).weight_decay(0.0)]
+    }
+}
+
+/// The hyper-parameters a group resolves to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct GroupSettings {
+    lr: f64,
+    weight_decay: f64,
+}
+
+/// Resolve groups against defaults, refusing bad values and parameters
+/// listed twice (they would be updated twice per step).
+#[track_caller]
+fn resolve_groups(
+    op: &'static str,
+    groups: Vec<ParamGroup>,
+    lr: f64,
+    weight_decay: f64,
+    slots: usize,
+) -> Result<(Vec<StateBuffers>, Vec<GroupSettings>)> {
+    let mut state: Vec<StateBuffers> = Vec::new();
+    let mut settings = Vec::with_capacity(groups.len());
+    for (g, group) in groups.into_iter().enumerate() {
+        let s = GroupSettings { lr: group.lr.unwrap_or(lr), weight_decay: group.weight_decay.unwrap_or(weight_decay) };
+        check_hyper(op, "lr", s.lr, s.lr >= 0.0)?;
+        check_hyper(op, "weight_decay", s.weight_decay, s.weight_decay >= 0.0)?;
+        for p in group.params {
+            if state.iter().any(|st| st.param.same(&p)) {
+                return Err(Error::invalid(
+                    op,
+                    format!("parameter '{}' is listed twice (a parameter belongs to one group once)", p.name()),
+                ));
+            }
+            let mut st = StateBuffers::new(&p, slots)?;
+            st.group = g;
+            state.push(st);
+        }
+        settings.push(s);
+    }
+    Ok((state, settings))
 }
 
 /// Per-parameter state buffers, zero-initialised, freed with the optimizer.
 struct StateBuffers {
     param: Param,
     buffers: Vec<BufferId>,
+    /// Index of the parameter group.
+    group: usize,
 }
 
 impl StateBuffers {
@@ -34,7 +126,7 @@ impl StateBuffers {
         for _ in 0..count {
             buffers.push(param.device().upload(&zeros)?);
         }
-        Ok(StateBuffers { param: param.clone(), buffers })
+        Ok(StateBuffers { param: param.clone(), buffers, group: 0 })
     }
 
     /// Every state buffer's values, in slot order.
@@ -76,7 +168,9 @@ impl StateBuffers {
     fn apply(&self, update: &ParamUpdate) -> Result<()> {
         let p = &self.param;
         let Some(grad) = p.grad_buffer() else { return Ok(()) };
-        p.device().backend().update_param(update, p.buffer(), grad, &self.buffers, p.dtype(), p.numel())?;
+        // Copy-on-write: a graph that still reads the old value keeps it.
+        let value = p.writable_buffer(true)?;
+        p.device().backend().update_param(update, value, grad, &self.buffers, p.dtype(), p.numel())?;
         p.bump_version();
         Ok(())
     }
@@ -142,6 +236,7 @@ fn write_all(op: &'static str, state: &[StateBuffers], values: &[Vec<HostData>])
     state.iter().zip(values).try_for_each(|(s, v)| s.write(v))
 }
 
+#[track_caller]
 fn check_hyper(op: &'static str, name: &str, value: f64, ok: bool) -> Result<()> {
     if ok && value.is_finite() {
         Ok(())
@@ -154,50 +249,72 @@ fn check_hyper(op: &'static str, name: &str, value: f64, ok: bool) -> Result<()>
 /// and L2 weight decay (PyTorch's formulas; the velocity starts at zero).
 pub struct Sgd {
     state: Vec<StateBuffers>,
-    pub lr: f64,
+    groups: Vec<GroupSettings>,
     pub momentum: f64,
     pub dampening: f64,
-    pub weight_decay: f64,
     pub nesterov: bool,
 }
 
 impl Sgd {
+    #[track_caller]
     pub fn new(params: Vec<Param>, lr: f64) -> Result<Sgd> {
         Sgd::with_options(params, lr, 0.0, 0.0, false)
     }
 
+    #[track_caller]
     pub fn with_options(params: Vec<Param>, lr: f64, momentum: f64, weight_decay: f64, nesterov: bool) -> Result<Sgd> {
-        check_hyper("Sgd", "lr", lr, lr >= 0.0)?;
+        Sgd::with_groups(vec![ParamGroup::new(params)], lr, momentum, weight_decay, nesterov)
+    }
+
+    /// SGD over parameter groups; `lr` and `weight_decay` are the defaults
+    /// for groups that do not set their own.
+    #[track_caller]
+    pub fn with_groups(
+        groups: Vec<ParamGroup>,
+        lr: f64,
+        momentum: f64,
+        weight_decay: f64,
+        nesterov: bool,
+    ) -> Result<Sgd> {
         check_hyper("Sgd", "momentum", momentum, momentum >= 0.0)?;
-        check_hyper("Sgd", "weight_decay", weight_decay, weight_decay >= 0.0)?;
         if nesterov && momentum == 0.0 {
             return Err(Error::invalid("Sgd", "Nesterov momentum needs momentum > 0"));
         }
         let slots = if momentum != 0.0 { 1 } else { 0 };
-        let state = params.iter().map(|p| StateBuffers::new(p, slots)).collect::<Result<_>>()?;
-        Ok(Sgd { state, lr, momentum, dampening: 0.0, weight_decay, nesterov })
+        let (state, groups) = resolve_groups("Sgd", groups, lr, weight_decay, slots)?;
+        Ok(Sgd { state, groups, momentum, dampening: 0.0, nesterov })
     }
 }
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
-        let update = ParamUpdate::Sgd {
-            lr: self.lr,
-            momentum: self.momentum,
-            dampening: self.dampening,
-            weight_decay: self.weight_decay,
-            nesterov: self.nesterov,
-        };
-        self.state.iter().try_for_each(|s| s.apply(&update))
+        for s in &self.state {
+            let g = self.groups[s.group];
+            let update = ParamUpdate::Sgd {
+                lr: g.lr,
+                momentum: self.momentum,
+                dampening: self.dampening,
+                weight_decay: g.weight_decay,
+                nesterov: self.nesterov,
+            };
+            s.apply(&update)?;
+        }
+        Ok(())
     }
     fn zero_grad(&self) {
         self.state.iter().for_each(|s| s.param.zero_grad());
     }
     fn learning_rate(&self) -> f64 {
-        self.lr
+        self.groups.first().map_or(0.0, |g| g.lr)
     }
     fn set_learning_rate(&mut self, lr: f64) {
-        self.lr = lr;
+        self.groups.iter_mut().for_each(|g| g.lr = lr);
+    }
+    fn group_learning_rates(&self) -> Vec<f64> {
+        self.groups.iter().map(|g| g.lr).collect()
+    }
+    fn set_group_learning_rates(&mut self, lrs: &[f64]) {
+        self.groups.iter_mut().zip(lrs).for_each(|(g, &lr)| g.lr = lr);
     }
 }
 
@@ -205,26 +322,35 @@ impl Optimizer for Sgd {
 /// bias correction.
 pub struct Adam {
     state: Vec<StateBuffers>,
+    groups: Vec<GroupSettings>,
     step: u64,
-    pub lr: f64,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
-    pub weight_decay: f64,
     pub decoupled_weight_decay: bool,
 }
 
 impl Adam {
     /// Adam with betas (0.9, 0.999), eps 1e-8, no weight decay.
+    #[track_caller]
     pub fn new(params: Vec<Param>, lr: f64) -> Result<Adam> {
         Adam::with_options(params, lr, (0.9, 0.999), 1e-8, 0.0, false)
     }
 
     /// AdamW: weight decay applied to the weights directly, not to the gradient.
+    #[track_caller]
     pub fn adamw(params: Vec<Param>, lr: f64, weight_decay: f64) -> Result<Adam> {
         Adam::with_options(params, lr, (0.9, 0.999), 1e-8, weight_decay, true)
     }
 
+    /// AdamW over parameter groups (e.g. `ParamGroup::decay_split`), betas
+    /// (0.9, 0.999), eps 1e-8; groups without a weight decay get none.
+    #[track_caller]
+    pub fn adamw_groups(groups: Vec<ParamGroup>, lr: f64) -> Result<Adam> {
+        Adam::with_groups(groups, lr, (0.9, 0.999), 1e-8, 0.0, true)
+    }
+
+    #[track_caller]
     pub fn with_options(
         params: Vec<Param>,
         lr: f64,
@@ -233,43 +359,70 @@ impl Adam {
         weight_decay: f64,
         decoupled_weight_decay: bool,
     ) -> Result<Adam> {
-        check_hyper("Adam", "lr", lr, lr >= 0.0)?;
+        Adam::with_groups(vec![ParamGroup::new(params)], lr, betas, eps, weight_decay, decoupled_weight_decay)
+    }
+
+    /// Adam over parameter groups; `lr` and `weight_decay` are the defaults
+    /// for groups that do not set their own.
+    #[track_caller]
+    pub fn with_groups(
+        groups: Vec<ParamGroup>,
+        lr: f64,
+        betas: (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        decoupled_weight_decay: bool,
+    ) -> Result<Adam> {
         check_hyper("Adam", "beta1", betas.0, (0.0..1.0).contains(&betas.0))?;
         check_hyper("Adam", "beta2", betas.1, (0.0..1.0).contains(&betas.1))?;
         check_hyper("Adam", "eps", eps, eps >= 0.0)?;
-        check_hyper("Adam", "weight_decay", weight_decay, weight_decay >= 0.0)?;
-        let state = params.iter().map(|p| StateBuffers::new(p, 2)).collect::<Result<_>>()?;
-        Ok(Adam { state, step: 0, lr, beta1: betas.0, beta2: betas.1, eps, weight_decay, decoupled_weight_decay })
+        let (state, groups) = resolve_groups("Adam", groups, lr, weight_decay, 2)?;
+        Ok(Adam { state, groups, step: 0, beta1: betas.0, beta2: betas.1, eps, decoupled_weight_decay })
     }
 
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
         self.step
     }
+
+    /// Each group's weight decay, in group order.
+    pub fn group_weight_decays(&self) -> Vec<f64> {
+        self.groups.iter().map(|g| g.weight_decay).collect()
+    }
 }
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
         self.step += 1;
-        let update = ParamUpdate::Adam {
-            lr: self.lr,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay,
-            decoupled_weight_decay: self.decoupled_weight_decay,
-            step: self.step,
-        };
-        self.state.iter().try_for_each(|s| s.apply(&update))
+        for s in &self.state {
+            let g = self.groups[s.group];
+            let update = ParamUpdate::Adam {
+                lr: g.lr,
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: g.weight_decay,
+                decoupled_weight_decay: self.decoupled_weight_decay,
+                step: self.step,
+            };
+            s.apply(&update)?;
+        }
+        Ok(())
     }
     fn zero_grad(&self) {
         self.state.iter().for_each(|s| s.param.zero_grad());
     }
     fn learning_rate(&self) -> f64 {
-        self.lr
+        self.groups.first().map_or(0.0, |g| g.lr)
     }
     fn set_learning_rate(&mut self, lr: f64) {
-        self.lr = lr;
+        self.groups.iter_mut().for_each(|g| g.lr = lr);
+    }
+    fn group_learning_rates(&self) -> Vec<f64> {
+        self.groups.iter().map(|g| g.lr).collect()
+    }
+    fn set_group_learning_rates(&mut self, lrs: &[f64]) {
+        self.groups.iter_mut().zip(lrs).for_each(|(g, &lr)| g.lr = lr);
     }
 }
 
@@ -294,10 +447,10 @@ impl OptimizerState for Sgd {
     fn set_step_count(&mut self, _step: u64) {}
     fn hyper_parameters(&self) -> Vec<(&'static str, f64)> {
         vec![
-            ("lr", self.lr),
+            ("lr", self.learning_rate()),
             ("momentum", self.momentum),
             ("dampening", self.dampening),
-            ("weight_decay", self.weight_decay),
+            ("weight_decay", self.groups.first().map_or(0.0, |g| g.weight_decay)),
             ("nesterov", if self.nesterov { 1.0 } else { 0.0 }),
         ]
     }
@@ -328,11 +481,11 @@ impl OptimizerState for Adam {
     }
     fn hyper_parameters(&self) -> Vec<(&'static str, f64)> {
         vec![
-            ("lr", self.lr),
+            ("lr", self.learning_rate()),
             ("beta1", self.beta1),
             ("beta2", self.beta2),
             ("eps", self.eps),
-            ("weight_decay", self.weight_decay),
+            ("weight_decay", self.groups.first().map_or(0.0, |g| g.weight_decay)),
             ("decoupled_weight_decay", if self.decoupled_weight_decay { 1.0 } else { 0.0 }),
         ]
     }

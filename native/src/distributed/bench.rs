@@ -82,12 +82,20 @@ pub fn all_reduce_sweep(comm: &Comm) -> Result<Vec<String>> {
     Ok(lines)
 }
 
-/// W1 (MLP 784-512-512-10, Adam, global batch 128) with the batch split
-/// across the processes of `comm`: per-step milliseconds (slowest process)
-/// and the exchange time backward did not hide.
-pub fn w1_step(comm: &Comm, device: &Device, backend: &str, options: DataParallelOptions) -> Result<String> {
+/// W1 (MLP 784-512-512-10, Adam) on the processes of `comm`, with the
+/// global batch of 128 split across them (`per_rank: false`, strong
+/// scaling) or 128 samples on every process (`per_rank: true`, weak
+/// scaling): per-step milliseconds (slowest process) and the exchange time
+/// backward did not hide.
+pub fn w1_step(
+    comm: &Comm,
+    device: &Device,
+    backend: &str,
+    options: DataParallelOptions,
+    per_rank: bool,
+) -> Result<String> {
     let n = comm.size();
-    let global = 128;
+    let global = if per_rank { 128 * n } else { 128 };
     let model = Sequential::mlp(device, &[784, 512, 512, 10], Activation::Relu, 1)?;
     let mut ddp = DataParallel::new(comm, &model, options)?;
     let mut optimizer = Adam::new(model.parameters(), 1e-3)?;
@@ -118,7 +126,7 @@ pub fn w1_step(comm: &Comm, device: &Device, backend: &str, options: DataParalle
     Ok(format!(
         "{{\"system\":\"kiln\",\"backend\":\"{backend}+mpi\",\"workload\":\"W1\",\"ranks\":{n},\"median_ms\":{:.4},\
          \"min_ms\":{:.4},\"threads\":{},\"exchange_ms\":{:.4},\"buckets\":{},\"bucket_bytes\":{},\
-         \"overlap\":{},\"notes\":\"global batch 128 split across ranks; exchange_ms = mean time from the end \
+         \"overlap\":{},\"global_batch\":{global},\"notes\":\"{}; exchange_ms = mean time from the end \
          of backward to the averaged gradients being in place\"}}",
         median * 1e3,
         min * 1e3,
@@ -126,7 +134,8 @@ pub fn w1_step(comm: &Comm, device: &Device, backend: &str, options: DataParalle
         exposed_all[0] / n as f64 * 1e3,
         ddp.buckets(),
         options.bucket_bytes,
-        options.overlap
+        options.overlap,
+        if per_rank { "128 samples per rank (weak scaling)" } else { "global batch 128 split across ranks" }
     ))
 }
 
@@ -153,12 +162,12 @@ pub fn run(world: &World, device: &Device, backend: &str, sweep: bool, w1: bool)
         // Ranks outside the first n wait at the next collective.
         if let Some(comm) = world.first(n) {
             // One message after backward, then 1 MiB buckets leaving during it.
-            let configs = [
-                DataParallelOptions { bucket_bytes: 64 << 20, overlap: false },
-                DataParallelOptions { bucket_bytes: 1 << 20, overlap: true },
-            ];
-            for options in configs {
-                let line = w1_step(&comm, device, backend, options)?;
+            // Strong scaling: one message after backward, then 1 MiB
+            // buckets leaving during it; weak scaling with the latter.
+            let one_message = DataParallelOptions { bucket_bytes: 64 << 20, overlap: false };
+            let buckets = DataParallelOptions { bucket_bytes: 1 << 20, overlap: true };
+            for (options, per_rank) in [(one_message, false), (buckets, false), (buckets, true)] {
+                let line = w1_step(&comm, device, backend, options, per_rank)?;
                 if comm.is_root() {
                     println!("{line}");
                 }

@@ -154,6 +154,10 @@ impl DataParallel {
     /// soon as its last gradient is computed, and MPI is polled after each
     /// later gradient; on other devices the gradients are read back after
     /// backward, exchanged, and written back.
+    ///
+    /// Accumulating over micro-batches: call plain `loss.backward()` for
+    /// all but the last micro-batch and this for the last; what is
+    /// exchanged is the whole accumulated `.grad` times `weight`.
     pub fn backward(&mut self, loss: Tensor<'_>, weight: f64) -> Result<f64> {
         if self.comm.size() == 1 && weight == 1.0 {
             // One process: nothing to exchange.
@@ -294,7 +298,7 @@ impl DataParallel {
         for (i, p) in self.params.iter().enumerate() {
             if any[i] {
                 let (b, range) = &self.places[i];
-                p.set_grad(&HostData::F32(self.exchange[*b].out[range.clone()].to_vec()))?;
+                p.set_grad_host(&HostData::F32(self.exchange[*b].out[range.clone()].to_vec()))?;
             } else {
                 // No process computed a gradient (an unused parameter):
                 // leave it without one, so that the optimizer skips it.
