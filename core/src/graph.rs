@@ -341,7 +341,7 @@ impl Graph {
         dtype: DType,
         location: &'static Location<'static>,
     ) -> Result<Tensor<'_>> {
-        let id = self.push_node(Op::Input, &[], dims, dtype, 0, &[], location)?;
+        let id = self.push_node(Op::Input, &[], dims, dtype, 0, location)?;
         let mut state = self.state.borrow_mut();
         state.values[id as usize] = Some(buffer);
         state.owned.push(id);
@@ -358,7 +358,7 @@ impl Graph {
         dtype: DType,
         location: &'static Location<'static>,
     ) -> Result<Tensor<'_>> {
-        let id = self.push_node(Op::Input, &[], dims, dtype, 0, &[], location)?;
+        let id = self.push_node(Op::Input, &[], dims, dtype, 0, location)?;
         self.state.borrow_mut().values[id as usize] = Some(buffer);
         Ok(self.tensor(id))
     }

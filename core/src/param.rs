@@ -370,7 +370,6 @@ impl Param {
         let inputs = [TensorRef { buffer: grad, dims, dtype }, TensorRef { buffer: scalar, dims: &[], dtype }];
         let call = KernelCall {
             op: Op::Binary(BinaryOp::Mul),
-            attrs: &[],
             inputs: &inputs,
             output: TensorRef { buffer: out, dims, dtype },
         };
