@@ -193,7 +193,17 @@ pub fn load_optimizer_state_with<O: OptimizerState>(
     scheduler: Option<&mut LrScheduler>,
     bytes: &[u8],
 ) -> Result<()> {
+    let location = std::panic::Location::caller();
+    load_optimizer(optimizer, scheduler, bytes).map_err(|e| e.at(location))
+}
+
+fn load_optimizer<O: OptimizerState>(
+    optimizer: &mut O,
+    scheduler: Option<&mut LrScheduler>,
+    bytes: &[u8],
+) -> Result<()> {
     const OP: &str = "checkpoint::load_optimizer_state";
+    parse(OP, bytes)?;
     let (_, header) =
         SafeTensors::read_metadata(bytes).map_err(|e| Error::io(OP, format!("not a safetensors file: {e}")))?;
     let empty = HashMap::new();
@@ -209,7 +219,25 @@ pub fn load_optimizer_state_with<O: OptimizerState>(
         ));
     }
     let step: u64 = field("step")?.parse().map_err(|_| Error::invalid(OP, "the metadata's 'step' is not a count"))?;
+    // Every hyper-parameter the file records must be a finite number (only
+    // lr is restored; a NaN anywhere means a corrupt or hostile file).
+    for (name, _) in optimizer.hyper_parameters() {
+        if let Some(text) = metadata.get(name) {
+            match text.parse::<f64>() {
+                Ok(v) if v.is_finite() => {}
+                _ => {
+                    return Err(Error::invalid(
+                        OP,
+                        format!("the metadata's '{name}' = {text:?} is not a finite number"),
+                    ))
+                }
+            }
+        }
+    }
     let lr: f64 = field("lr")?.parse().map_err(|_| Error::invalid(OP, "the metadata's 'lr' is not a number"))?;
+    if !(lr.is_finite() && lr >= 0.0) {
+        return Err(Error::invalid(OP, format!("the metadata's lr = {lr} is not a finite number >= 0")));
+    }
     let file = parse(OP, bytes)?;
     let params = optimizer.params();
     let slots = optimizer.slot_names();
@@ -260,9 +288,9 @@ pub fn load_optimizer_state_with<O: OptimizerState>(
             Some((step, split_numbers(OP, "scheduler.base_lrs", field("scheduler.base_lrs")?)?))
         }
     };
-    optimizer.set_learning_rate(lr);
+    optimizer.set_learning_rate(lr)?;
     if let Some(lrs) = group_lrs {
-        optimizer.set_group_learning_rates(&lrs);
+        optimizer.set_group_learning_rates(&lrs)?;
     }
     if let (Some(s), Some((step, base))) = (scheduler, schedule_state) {
         s.load_state(optimizer, step, &base)?;
@@ -289,15 +317,138 @@ fn split_numbers(op: &'static str, key: &str, text: &str) -> Result<Vec<f64>> {
     let mut out = Vec::new();
     for piece in text.split(',').filter(|p| !p.is_empty()) {
         match piece.parse::<f64>() {
-            Ok(v) => out.push(v),
-            Err(_) => return Err(Error::invalid(op, format!("the metadata's '{key}' holds '{piece}', not a number"))),
+            Ok(v) if v.is_finite() => out.push(v),
+            _ => {
+                return Err(Error::invalid(op, format!("the metadata's '{key}' holds '{piece}', not a finite number")))
+            }
         }
     }
     Ok(out)
 }
 
+#[track_caller]
 fn parse<'a>(op: &'static str, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
-    SafeTensors::deserialize(bytes).map_err(|e| Error::io(op, format!("not a safetensors file: {e}")))
+    let n = header_length(op, bytes)?;
+    let Some(header) = bytes.get(8..8 + n) else {
+        return Err(Error::io(op, format!("truncated safetensors file: a {n}-byte header in {} bytes", bytes.len())));
+    };
+    check_unique_keys(op, header)?;
+    match SafeTensors::deserialize(bytes) {
+        Ok(file) => Ok(file),
+        Err(e) => Err(Error::io(op, format!("not a safetensors file: {e}"))),
+    }
+}
+
+/// The largest header kiln reads (the safetensors crate's own limit).
+const MAX_HEADER: usize = 100_000_000;
+
+/// The header length a safetensors file announces in its first 8 bytes
+/// (little-endian u64), checked against the 100 MB the format allows.
+#[track_caller]
+pub fn header_length(op: &'static str, bytes: &[u8]) -> Result<usize> {
+    let Some(first) = bytes.get(..8) else {
+        return Err(Error::io(
+            op,
+            format!("not a safetensors file: {} bytes, shorter than the 8-byte header length", bytes.len()),
+        ));
+    };
+    let n = u64::from_le_bytes(first.try_into().expect("8 bytes"));
+    if n > MAX_HEADER as u64 {
+        return Err(Error::io(
+            op,
+            format!("not a safetensors file: it announces a {n}-byte header (at most {MAX_HEADER})"),
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// The total size, in bytes, of the safetensors file whose JSON header is
+/// `header` (the bytes after the length): 8 + header + the end of the last
+/// tensor's data. A reader can stop there instead of reading to the end of
+/// whatever it was given.
+#[track_caller]
+pub fn announced_length(op: &'static str, header: &[u8]) -> Result<u64> {
+    check_unique_keys(op, header)?;
+    let value: serde_json::Value = match serde_json::from_slice(header) {
+        Ok(v) => v,
+        Err(e) => return Err(Error::io(op, format!("not a safetensors file: the header is not JSON ({e})"))),
+    };
+    let Some(entries) = value.as_object() else {
+        return Err(Error::io(op, "not a safetensors file: the header is not a JSON object"));
+    };
+    let mut end = 0u64;
+    for (key, entry) in entries {
+        if key == "__metadata__" {
+            continue;
+        }
+        let offset = entry.get("data_offsets").and_then(|o| o.get(1)).and_then(serde_json::Value::as_u64);
+        let Some(offset) = offset else {
+            return Err(Error::io(op, format!("not a safetensors file: tensor '{key}' has no data_offsets")));
+        };
+        end = end.max(offset);
+    }
+    Ok(8 + header.len() as u64 + end)
+}
+
+/// Refuse a header in which a key appears twice at any level: JSON parsers
+/// (serde's maps included) keep the last value, so a repeated tensor name
+/// or metadata entry would be silently dropped.
+#[track_caller]
+fn check_unique_keys(op: &'static str, header: &[u8]) -> Result<()> {
+    use serde::Deserialize;
+    let mut de = serde_json::Deserializer::from_slice(header);
+    match UniqueKeys::deserialize(&mut de) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(Error::io(op, format!("not a safetensors file: {e}"))),
+    }
+}
+
+/// Any JSON value, visited only to check that no object repeats a key.
+struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<UniqueKeys, D::Error> {
+        d.deserialize_any(UniqueKeys)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys {
+    type Value = UniqueKeys;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_str<E>(self, _: &str) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_unit<E>(self) -> std::result::Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<UniqueKeys, A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!("the key '{key}' appears twice in the header")));
+            }
+            map.next_value::<UniqueKeys>()?;
+        }
+        Ok(UniqueKeys)
+    }
 }
 
 /// (key, dims, values) entries as safetensors bytes.

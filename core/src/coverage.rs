@@ -4,20 +4,22 @@
 //! finite-difference check *now*. `kiln ops` prints it; a test requires every
 //! cell to be filled.
 
-use crate::autograd::rules::not_differentiable_reason;
 use crate::device::Device;
 use crate::dtype::{DType, HostData};
 use crate::error::Result;
 use crate::gradcheck::{gradcheck, gradgradcheck, CheckInput, GradcheckOptions};
 use crate::graph::{Graph, Tensor};
-use crate::op::{BinaryOp, CompareOp, Op, ReduceOp, UnaryOp, Window2d};
+use crate::op::{BinaryOp, CompareOp, Domain, Op, ReduceOp, UnaryOp, Window2d};
 use crate::ops::SliceSpec;
+
+/// A function of graph tensors, as the checks take it.
+pub type BuildFn = Box<dyn for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>>;
 
 /// A small instance of one op: f64 inputs and the function applying it.
 pub struct OpCase {
     pub name: &'static str,
     pub inputs: Vec<CheckInput>,
-    pub build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>,
+    pub build: BuildFn,
 }
 
 /// What the report says about one op.
@@ -57,70 +59,59 @@ fn window(k: usize, s: usize, p: usize) -> Window2d {
     }
 }
 
+/// Sample values of `dims` from an operand domain of the op table,
+/// deterministic and free of ties.
+pub fn sample(domain: Domain, dims: &[usize]) -> CheckInput {
+    let n: usize = dims.iter().product();
+    let values = match domain {
+        Domain::Interval(low, high) => ramp(n, low, (high - low) / n.max(1) as f64),
+        Domain::AwayFromZero(low, high) => ramp(n, low, (high - low) / n.max(1) as f64)
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| if i % 2 == 0 { v } else { -v })
+            .collect(),
+    };
+    input(&values, dims)
+}
+
+fn boxed(f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static) -> BuildFn {
+    Box::new(f)
+}
+
+fn case(
+    name: &'static str,
+    inputs: Vec<CheckInput>,
+    build: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static,
+) -> Option<OpCase> {
+    Some(OpCase { name, inputs, build: Box::new(build) })
+}
+
 /// The sample for an op name (every name of `Op::kind_names()` has one).
 pub fn op_case(name: &str) -> Option<OpCase> {
-    let pos = |n| input(&ramp(n, 0.3, 0.17), &[n]);
     let mat = |r, c| input(&ramp(r * c, -0.9, 0.13), &[r, c]);
     let image = || input(&ramp(16, -0.8, 0.11), &[1, 1, 4, 4]);
-    let case = |name, inputs, build| Some(OpCase { name, inputs, build });
+    let domains = |op: Op| op.info().elementwise.expect("element-wise").domains;
     let unary = |u: UnaryOp| -> Option<OpCase> {
-        let inputs = match u {
-            UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Recip => vec![pos(6)],
-            _ => vec![mat(2, 3)],
-        };
-        let build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> = match u {
-            UnaryOp::Neg => |_, x| x[0].neg(),
-            UnaryOp::Abs => |_, x| x[0].abs(),
-            UnaryOp::Exp => |_, x| x[0].exp(),
-            UnaryOp::Log => |_, x| x[0].log(),
-            UnaryOp::Sqrt => |_, x| x[0].sqrt(),
-            UnaryOp::Recip => |_, x| x[0].recip(),
-            UnaryOp::Sin => |_, x| x[0].sin(),
-            UnaryOp::Cos => |_, x| x[0].cos(),
-            UnaryOp::Tanh => |_, x| x[0].tanh(),
-            UnaryOp::Sigmoid => |_, x| x[0].sigmoid(),
-            UnaryOp::Relu => |_, x| x[0].relu(),
-            UnaryOp::Erf => |_, x| x[0].erf(),
-            UnaryOp::Erfc => |_, x| x[0].erfc(),
-            UnaryOp::Sign => |_, x| x[0].sign(),
-        };
-        Some(OpCase { name: u.name(), inputs, build })
+        let inputs = vec![sample(domains(Op::Unary(u))[0], &[2, 3])];
+        Some(OpCase { name: u.name(), inputs, build: boxed(move |_, x| x[0].unary(u)) })
     };
     let binary = |b: BinaryOp| -> Option<OpCase> {
-        let inputs = match b {
-            BinaryOp::Pow | BinaryOp::Div => vec![input(&ramp(6, 0.5, 0.2), &[2, 3]), pos(3)],
-            _ => vec![mat(2, 3), input(&[0.05, -0.35, 0.6], &[3])],
-        };
-        let build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> = match b {
-            BinaryOp::Add => |_, x| x[0].add(x[1]),
-            BinaryOp::Sub => |_, x| x[0].sub(x[1]),
-            BinaryOp::Mul => |_, x| x[0].mul(x[1]),
-            BinaryOp::Div => |_, x| x[0].div(x[1]),
-            BinaryOp::Pow => |_, x| x[0].pow(x[1]),
-            BinaryOp::Maximum => |_, x| x[0].maximum(x[1]),
-            BinaryOp::Minimum => |_, x| x[0].minimum(x[1]),
-        };
-        Some(OpCase { name: b.name(), inputs, build })
+        let [da, db] = domains(Op::Binary(b));
+        let inputs = vec![sample(da, &[2, 3]), sample(db, &[3])];
+        Some(OpCase { name: b.name(), inputs, build: boxed(move |_, x| x[0].binary(b, x[1])) })
     };
     let compare = |c: CompareOp| -> Option<OpCase> {
-        let build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> = match c {
-            CompareOp::Equal => |_, x| x[0].eq(x[1]),
-            CompareOp::NotEqual => |_, x| x[0].ne(x[1]),
-            CompareOp::Less => |_, x| x[0].lt(x[1]),
-            CompareOp::LessEqual => |_, x| x[0].le(x[1]),
-            CompareOp::Greater => |_, x| x[0].gt(x[1]),
-            CompareOp::GreaterEqual => |_, x| x[0].ge(x[1]),
-        };
+        let build = boxed(move |_, x| x[0].compare(c, x[1]));
         Some(OpCase { name: c.name(), inputs: vec![mat(2, 3), input(&[0.05, -0.35, 0.6], &[3])], build })
     };
     let reduce = |r: ReduceOp| -> Option<OpCase> {
-        let build: for<'g> fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> = match r {
-            ReduceOp::Sum => |_, x| x[0].sum(&[0, 2], true),
-            ReduceOp::Max => |_, x| x[0].max(&[1, 2], false),
-            ReduceOp::Min => |_, x| x[0].min(&[0], false),
-            ReduceOp::Prod => |_, x| x[0].prod(&[2], true),
-            ReduceOp::ArgMax => |_, x| x[0].argmax(&[1], false),
-            ReduceOp::ArgMin => |_, x| x[0].argmin(&[2], false),
+        let build: BuildFn = match r {
+            ReduceOp::Sum => boxed(|_, x| x[0].sum(&[0, 2], true)),
+            ReduceOp::Max => boxed(|_, x| x[0].max(&[1, 2], false)),
+            ReduceOp::Min => boxed(|_, x| x[0].min(&[0], false)),
+            ReduceOp::Prod => boxed(|_, x| x[0].prod(&[2], true)),
+            ReduceOp::ArgMax => boxed(|_, x| x[0].argmax(&[1], false)),
+            ReduceOp::ArgMin => boxed(|_, x| x[0].argmin(&[2], false)),
         };
         Some(OpCase { name: r.name(), inputs: vec![input(&ramp(12, 0.4, 0.1), &[2, 2, 3])], build })
     };
@@ -216,14 +207,14 @@ pub async fn coverage(devices: &[Device]) -> Result<Vec<OpCoverage>> {
             })
             .collect();
         let op = if leaf { kind } else { node.op() };
-        let rule = match not_differentiable_reason(&op) {
+        let rule = match op.info().no_rule {
             Some(reason) => Err(reason.to_string()),
             None => Ok(()),
         };
         let differentiable = !leaf && rule.is_ok() && out.dtype().is_float();
         let (first_order, second_order) = if differentiable {
-            let first = gradcheck(&cpu, case.build, &case.inputs, options).await?;
-            let second = gradgradcheck(&cpu, case.build, &case.inputs, options).await?;
+            let first = gradcheck(&cpu, &*case.build, &case.inputs, options).await?;
+            let second = gradgradcheck(&cpu, &*case.build, &case.inputs, options).await?;
             (Some(first.worst_ratio), Some(second.worst_ratio))
         } else {
             (None, None)

@@ -124,15 +124,8 @@ impl Graph {
                     }
                 })
                 .collect();
-            let attrs = match node.op {
-                crate::op::Op::Permute(r) | crate::op::Op::Slice(r) | crate::op::Op::SliceBackward(r) => {
-                    &state.attr_slab[r.start as usize..(r.start + r.len) as usize]
-                }
-                _ => &[],
-            };
             let call = KernelCall {
                 op: node.op,
-                attrs,
                 inputs: &inputs,
                 output: TensorRef { buffer: output, dims, dtype: node.dtype },
             };

@@ -1,7 +1,8 @@
 //! The graph arena and tensor handles.
 //!
 //! A `Graph` records one step's computation as plain-data nodes in a `Vec`,
-//! with side slabs for inputs, dimensions and attributes. Nodes are created in
+//! with side slabs for inputs and dimensions (an op's attributes live in the
+//! `Op` itself). Nodes are created in
 //! dependency order, so a node's id is already a topological position: every
 //! walk (scheduling, differentiation, freeing) is a loop over ids, never a
 //! recursion. Building a node checks and infers its shape and dtype at once;
@@ -79,7 +80,6 @@ pub(crate) struct GraphState {
     pub nodes: Vec<Node>,
     pub input_slab: Vec<NodeId>,
     pub dims_slab: Vec<usize>,
-    pub attr_slab: Vec<usize>,
     /// The buffer holding each node's value, if it has been computed.
     pub values: Vec<Option<BufferId>>,
     /// Nodes whose buffer the graph owns, in the order they were computed
@@ -107,7 +107,39 @@ pub struct Graph {
     device: Device,
     pub(crate) state: RefCell<GraphState>,
     grad_enabled: Cell<bool>,
+    /// Unique per graph in this process: a `TensorId` of another graph is
+    /// refused.
+    identity: u32,
+    /// Incremented by every `reset`: a `TensorId` from an earlier step is
+    /// refused.
+    generation: Cell<u64>,
 }
+
+/// A tensor of a graph named without borrowing it: which graph, which step
+/// (reset generation) and which node. `Graph::tensor_by_id` turns it back
+/// into a `Tensor`, or refuses it with an error once the graph has been
+/// reset (or for another graph), so a binding that holds tensors across
+/// calls (JavaScript) never reads a node of a later step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TensorId {
+    graph: u32,
+    node: NodeId,
+    generation: u64,
+}
+
+impl TensorId {
+    /// The node's index in its graph.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+    /// The reset generation of the graph when the id was made.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// Source of `Graph::identity`.
+static NEXT_GRAPH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// A handle to one node of a graph. Cheap to copy; cannot outlive a reset.
 #[derive(Clone, Copy)]
@@ -145,7 +177,6 @@ pub(crate) struct GraphMark {
     nodes: usize,
     inputs: usize,
     dims: usize,
-    attrs: usize,
     params: usize,
     segments: usize,
 }
@@ -158,7 +189,6 @@ impl Graph {
                 nodes: Vec::new(),
                 input_slab: Vec::new(),
                 dims_slab: Vec::new(),
-                attr_slab: Vec::new(),
                 values: Vec::new(),
                 owned: Vec::new(),
                 params: Vec::new(),
@@ -169,7 +199,37 @@ impl Graph {
                 scratch_marks: Vec::new(),
             }),
             grad_enabled: Cell::new(true),
+            identity: NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            generation: Cell::new(0),
         }
+    }
+
+    /// The tensor `id` names, if it belongs to this graph and was made since
+    /// the last `reset`; otherwise an error saying which of the two failed.
+    pub fn tensor_by_id(&self, id: TensorId) -> Result<Tensor<'_>> {
+        if id.graph != self.identity {
+            return Err(Error::invalid("tensor_by_id", "the tensor belongs to another graph"));
+        }
+        if id.generation != self.generation.get() {
+            return Err(Error::invalid(
+                "tensor_by_id",
+                format!(
+                    "the tensor is from step {} of this graph, which has been reset since (now at step {}); \
+                     tensors do not survive a reset",
+                    id.generation,
+                    self.generation.get()
+                ),
+            ));
+        }
+        if id.node as usize >= self.len() {
+            return Err(Error::invalid("tensor_by_id", format!("node {} does not exist in this graph", id.node)));
+        }
+        Ok(self.tensor(id.node))
+    }
+
+    /// How many times this graph has been reset.
+    pub fn generation(&self) -> u64 {
+        self.generation.get()
     }
 
     pub fn device(&self) -> &Device {
@@ -195,7 +255,6 @@ impl Graph {
         state.nodes.clear();
         state.input_slab.clear();
         state.dims_slab.clear();
-        state.attr_slab.clear();
         state.values.clear();
         state.owned.clear();
         state.params.clear();
@@ -203,6 +262,7 @@ impl Graph {
         state.segments.clear();
         state.differentiated = false;
         self.grad_enabled.set(true);
+        self.generation.set(self.generation.get() + 1);
     }
 
     /// Whether new nodes record gradient structure.
@@ -281,7 +341,7 @@ impl Graph {
         }
         let buffer = self.device.upload(&data).map_err(|e| e.at(location))?;
         let flags = if variable { flags::REQUIRES_GRAD | flags::VARIABLE } else { 0 };
-        let id = self.push_node(Op::Input, &[], dims, data.dtype(), flags, &[], location)?;
+        let id = self.push_node(Op::Input, &[], dims, data.dtype(), flags, location)?;
         let mut state = self.state.borrow_mut();
         state.values[id as usize] = Some(buffer);
         state.owned.push(id);
@@ -297,7 +357,7 @@ impl Graph {
         dtype: DType,
         location: &'static Location<'static>,
     ) -> Result<Tensor<'_>> {
-        let id = self.push_node(Op::Input, &[], dims, dtype, 0, &[], location)?;
+        let id = self.push_node(Op::Input, &[], dims, dtype, 0, location)?;
         let mut state = self.state.borrow_mut();
         state.values[id as usize] = Some(buffer);
         state.owned.push(id);
@@ -314,7 +374,7 @@ impl Graph {
         dtype: DType,
         location: &'static Location<'static>,
     ) -> Result<Tensor<'_>> {
-        let id = self.push_node(Op::Input, &[], dims, dtype, 0, &[], location)?;
+        let id = self.push_node(Op::Input, &[], dims, dtype, 0, location)?;
         self.state.borrow_mut().values[id as usize] = Some(buffer);
         Ok(self.tensor(id))
     }
@@ -334,7 +394,7 @@ impl Graph {
     #[track_caller]
     pub fn full(&self, dims: &[usize], value: f64, dtype: DType) -> Result<Tensor<'_>> {
         check_rank("Full", dims)?;
-        Ok(self.tensor(self.push_node(Op::Full(value), &[], dims, dtype, 0, &[], Location::caller())?))
+        Ok(self.tensor(self.push_node(Op::Full(value), &[], dims, dtype, 0, Location::caller())?))
     }
 
     #[track_caller]
@@ -362,7 +422,7 @@ impl Graph {
         if !start.is_finite() || !step.is_finite() {
             return Err(Error::invalid("Arange", format!("start {start} and step {step} must be finite")));
         }
-        Ok(self.tensor(self.push_node(Op::Arange { start, step }, &[], &[len], dtype, 0, &[], Location::caller())?))
+        Ok(self.tensor(self.push_node(Op::Arange { start, step }, &[], &[len], dtype, 0, Location::caller())?))
     }
 
     /// Use a parameter in this graph: a leaf that refers to the parameter's
@@ -414,7 +474,7 @@ impl Graph {
         let index = self.state.borrow().params.len() as u32;
         let dims = param.dims();
         let flag = if requires { flags::REQUIRES_GRAD } else { 0 };
-        let id = self.push_node(Op::Param(index), &[], &dims, param.dtype(), flag, &[], Location::caller())?;
+        let id = self.push_node(Op::Param(index), &[], &dims, param.dtype(), flag, Location::caller())?;
         let mut state = self.state.borrow_mut();
         let snapshot = param.value_snapshot();
         state.values[id as usize] = Some(snapshot.id);
@@ -434,7 +494,6 @@ impl Graph {
         dims: &[usize],
         dtype: DType,
         flags: u8,
-        attrs: &[usize],
         location: &'static Location<'static>,
     ) -> Result<NodeId> {
         check_shape(op.name(), dims, dtype).map_err(|e| e.at(location))?;
@@ -444,18 +503,6 @@ impl Graph {
         state.input_slab.extend_from_slice(inputs);
         let dims_range = SlabRange { start: state.dims_slab.len() as u32, len: dims.len() as u32 };
         state.dims_slab.extend_from_slice(dims);
-        let op = match op {
-            Op::Permute(_) | Op::Slice(_) | Op::SliceBackward(_) => {
-                let range = crate::op::AttrRange { start: state.attr_slab.len() as u32, len: attrs.len() as u32 };
-                state.attr_slab.extend_from_slice(attrs);
-                match op {
-                    Op::Permute(_) => Op::Permute(range),
-                    Op::Slice(_) => Op::Slice(range),
-                    _ => Op::SliceBackward(range),
-                }
-            }
-            other => other,
-        };
         state.nodes.push(Node { op, inputs: inputs_range, dims: dims_range, dtype, flags, location });
         state.values.push(None);
         Ok(id)
@@ -467,7 +514,6 @@ impl Graph {
             nodes: state.nodes.len(),
             inputs: state.input_slab.len(),
             dims: state.dims_slab.len(),
-            attrs: state.attr_slab.len(),
             params: state.params.len(),
             segments: state.segments.len(),
         }
@@ -482,7 +528,6 @@ impl Graph {
         state.values.truncate(mark.nodes);
         state.input_slab.truncate(mark.inputs);
         state.dims_slab.truncate(mark.dims);
-        state.attr_slab.truncate(mark.attrs);
         state.params.truncate(mark.params);
         state.segments.truncate(mark.segments);
         state.kept_grads.retain(|&(a, b)| (a as usize) < mark.nodes && (b as usize) < mark.nodes);
@@ -500,16 +545,6 @@ impl Graph {
     pub(crate) fn inputs_of(&self, id: NodeId) -> smallvec::SmallVec<[NodeId; 3]> {
         let state = self.state.borrow();
         smallvec::SmallVec::from_slice(SlabRange::of(&state.input_slab, state.nodes[id as usize].inputs))
-    }
-
-    pub(crate) fn attrs_of(&self, op: &Op) -> Vec<usize> {
-        match op {
-            Op::Permute(r) | Op::Slice(r) | Op::SliceBackward(r) => {
-                let state = self.state.borrow();
-                state.attr_slab[r.start as usize..(r.start + r.len) as usize].to_vec()
-            }
-            _ => Vec::new(),
-        }
     }
 
     /// The buffer holding a node's value, if computed.
@@ -567,20 +602,25 @@ impl<'g> Tensor<'g> {
     pub fn id(&self) -> NodeId {
         self.id
     }
+    /// A checked handle to this tensor that does not borrow the graph (see
+    /// `Graph::tensor_by_id`): for bindings that keep tensors across calls.
+    pub fn tensor_id(&self) -> TensorId {
+        TensorId { graph: self.graph.identity, generation: self.graph.generation.get(), node: self.id }
+    }
     pub fn dims(&self) -> Dims {
         self.graph.dims_of(self.id)
     }
     pub fn rank(&self) -> usize {
-        self.graph.node(self.id).dims.len as usize
+        self.graph.state.borrow().nodes[self.id as usize].dims.len as usize
     }
     pub fn numel(&self) -> usize {
         self.dims().iter().product()
     }
     pub fn dtype(&self) -> DType {
-        self.graph.node(self.id).dtype
+        self.graph.state.borrow().nodes[self.id as usize].dtype
     }
     pub fn requires_grad(&self) -> bool {
-        self.graph.node(self.id).flags & flags::REQUIRES_GRAD != 0
+        self.graph.state.borrow().nodes[self.id as usize].flags & flags::REQUIRES_GRAD != 0
     }
     /// The operator that made this tensor.
     pub fn op(&self) -> Op {

@@ -370,7 +370,6 @@ impl Param {
         let inputs = [TensorRef { buffer: grad, dims, dtype }, TensorRef { buffer: scalar, dims: &[], dtype }];
         let call = KernelCall {
             op: Op::Binary(BinaryOp::Mul),
-            attrs: &[],
             inputs: &inputs,
             output: TensorRef { buffer: out, dims, dtype },
         };
@@ -406,7 +405,6 @@ impl Param {
                 let inputs = [TensorRef { buffer: old, dims, dtype }, TensorRef { buffer, dims, dtype }];
                 let call = KernelCall {
                     op: Op::Binary(BinaryOp::Add),
-                    attrs: &[],
                     inputs: &inputs,
                     output: TensorRef { buffer: sum, dims, dtype },
                 };

@@ -200,6 +200,8 @@ pub fn unary_expr(op: UnaryOp, t: Ty) -> Option<&'static str> {
             UnaryOp::Erf => "op_erf(v)",
             UnaryOp::Erfc => "op_erfc(v)",
             UnaryOp::Sign => "op_sign_f(v)",
+            UnaryOp::Log1p => "op_log1p(v)",
+            UnaryOp::Expm1 => "op_expm1(v)",
         }),
         Ty::I32 => match op {
             UnaryOp::Neg => Some("-v"),
@@ -380,10 +382,10 @@ mod tests {
     #[test]
     fn every_generated_variant_parses_and_validates() {
         let kernels = all_kernels();
-        // fill, where, index x 3 types; 9 casts; 14 + 4 unary; 18 compares;
+        // fill, where, index x 3 types; 9 casts; 16 + 4 unary; 18 compares;
         // 7 + 5 binary; 6 + 6 + 2 reductions; matmul, copy, update; window
         // x 2 types (f32, i32); pool, random.
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 18 + 12 + 18 + 14 + 3 + 2 + 2, "{kernels:?}");
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 20 + 12 + 18 + 14 + 3 + 2 + 2, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             let code: String = src.lines().filter(|l| !l.trim_start().starts_with("//")).collect();

@@ -70,7 +70,6 @@ fn neg(be: &WgpuBackend, n: usize) -> kiln_core::Result<Vec<f32>> {
     let dims = [n];
     let call = KernelCall {
         op: Op::Unary(UnaryOp::Neg),
-        attrs: &[],
         inputs: &[TensorRef { buffer: x, dims: &dims, dtype: DType::F32 }],
         output: TensorRef { buffer: y, dims: &dims, dtype: DType::F32 },
     };

@@ -299,8 +299,38 @@ fn train(args: TrainArgs) -> Result<()> {
     ))
 }
 
+/// The widest hidden layer `--hidden` accepts (a 784-wide input makes that
+/// 3 GiB of f32 weights; wider is a typo, not a model).
+const MAX_HIDDEN: usize = 1 << 20;
+
+/// One-line errors for numbers no run can use, before anything is loaded.
+fn check_train_args(args: &TrainArgs) -> Result<()> {
+    let bad = |message: String| Err(Error::invalid("train", message));
+    if args.batch_size == Some(0) {
+        return bad("--batch-size must be at least 1".into());
+    }
+    if let Some(hidden) = &args.hidden {
+        if args.model == ModelName::Cnn {
+            return bad(
+                "--hidden sets the MLP's hidden widths; the CNN's layers are fixed (drop --hidden, or use --model mlp)"
+                    .into(),
+            );
+        }
+        if let Some(w) = hidden.iter().find(|&&w| w == 0 || w > MAX_HIDDEN) {
+            return bad(format!("--hidden {w}: hidden widths must be between 1 and {MAX_HIDDEN}"));
+        }
+    }
+    if let Some(lr) = args.lr {
+        if !(lr.is_finite() && lr > 0.0) {
+            return bad(format!("--lr {lr}: the learning rate must be a finite number above 0"));
+        }
+    }
+    Ok(())
+}
+
 /// One process's part of `kiln train`; `world` is Some under --distributed.
 fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
+    check_train_args(args)?;
     let (rank, size) = rank_and_size(world);
     let root = rank == 0;
     let digits = args.dataset == DatasetName::Digits;
@@ -346,7 +376,7 @@ fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
         }
     }
     let mut replicas = make_replicas(args, world, &model, &mut optimizer, &mut config)?;
-    if config.start.epoch >= config.epochs {
+    if args.resume.is_some() && config.start.epoch >= config.epochs {
         return Err(Error::invalid(
             "train",
             format!(
@@ -420,15 +450,18 @@ fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
         report.seconds,
         report.samples_per_second
     );
-    plot::write_training_curves(&args.plot, "kiln train", &report.losses, &report.test_accuracy)
-        .map_err(|e| Error::io("train", e))?;
-    println!("wrote {}", args.plot.display());
-    if let Some(dir) = &args.checkpoint_dir {
-        println!("snapshots in {} (continue with --resume {})", dir.display(), dir.display());
-    }
+    // The model first: a plot that cannot be written must not lose it.
     if let Some(path) = &args.save {
         kiln::checkpoint::save(path, &model)?;
         println!("saved the model to {}", path.display());
+    }
+    if let Some(dir) = &args.checkpoint_dir {
+        println!("snapshots in {} (continue with --resume {})", dir.display(), dir.display());
+    }
+    if !report.losses.is_empty() {
+        plot::write_training_curves(&args.plot, "kiln train", &report.losses, &report.test_accuracy)
+            .map_err(|e| Error::io("train", e))?;
+        println!("wrote {}", args.plot.display());
     }
     Ok(())
 }

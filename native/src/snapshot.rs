@@ -96,7 +96,7 @@ mod tests {
         let device = Device::cpu();
         let model = crate::models::mlp(&device, &[4, 3, 2], 1).unwrap();
         let mut adam = Adam::new(model.parameters(), 0.01).unwrap();
-        adam.set_learning_rate(0.005);
+        adam.set_learning_rate(0.005).unwrap();
         let shape = RunShape { batch_size: 8, seed: 3 };
         save_snapshot(&dir, &model, &adam, &Position { epoch: 2, step: 5 }, shape).unwrap();
         let other = crate::models::mlp(&device, &[4, 3, 2], 9).unwrap();

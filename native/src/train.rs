@@ -162,6 +162,12 @@ pub fn run_classifier<O: Optimizer + ?Sized>(
     on_step: StepCallback<'_>,
     snapshot: &mut dyn FnMut(&Position, &O) -> Result<()>,
 ) -> Result<TrainReport> {
+    if config.batch_size == 0 {
+        return Err(Error::invalid("train", "the batch size must be at least 1"));
+    }
+    if train.is_empty() {
+        return Err(Error::invalid("train", "the training set is empty: there is nothing to train on"));
+    }
     let sampler = crate::distributed::DistributedSampler::new(
         train.len,
         config.batch_size,
@@ -175,6 +181,10 @@ pub fn run_classifier<O: Optimizer + ?Sized>(
     let start = Instant::now();
     let mut samples = 0usize;
     let root = replicas.rank() == 0;
+    if config.epochs == 0 {
+        // Nothing to train: report the model as it is (loaded, say).
+        report.test_accuracy.push((0.0, evaluate_with(replicas, device, model, test, 1000)?));
+    }
     for epoch in config.start.epoch..config.epochs {
         let first = if epoch == config.start.epoch { config.start.step } else { 0 };
         for shard in sampler.epoch(epoch as u64, first) {
@@ -212,7 +222,7 @@ pub fn run_classifier<O: Optimizer + ?Sized>(
         }
         report.test_accuracy.push(((epoch + 1) as f64, evaluate_with(replicas, device, model, test, 1000)?));
         let lr = optimizer.learning_rate();
-        optimizer.set_learning_rate(lr * config.lr_decay);
+        optimizer.set_learning_rate(lr * config.lr_decay)?;
         if root {
             snapshot(&Position { epoch: epoch + 1, step: 0 }, optimizer)?;
         }

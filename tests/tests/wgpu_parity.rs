@@ -14,7 +14,8 @@
 //!   RandUniform (the same 32-bit hash, an exact 24-bit scaling);
 //! - ARITH (1e-6, ~8 ulps): Add/Sub/Mul/Div/Recip/Sqrt — Vulkan allows
 //!   division and sqrt a couple of ulps (2.5 ulp for 1/x);
-//! - TRANSCENDENTAL (2e-5): Exp, Log, Tanh, Sigmoid, Erf, Erfc, Pow — GPU
+//! - TRANSCENDENTAL (2e-5): Exp, Log, Tanh, Sigmoid, Erf, Erfc, Log1p, Expm1,
+//!   Pow — GPU
 //!   builtins (exp, log, pow) are not correctly rounded (Vulkan: exp within
 //!   3 + 2|x| ulps, pow through exp2/log2), and erf/erfc/tanh/sigmoid build
 //!   on exp; RandNormal (f32 Box–Muller with the kernel's own ln and cos,
@@ -145,6 +146,7 @@ fn unary_ops_forward_and_backward() {
     for op in UnaryOp::ALL {
         let (lo, hi) = match op {
             UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Recip => (0.1, 4.0),
+            UnaryOp::Log1p => (-0.9, 4.0),
             _ => (-3.0, 3.0),
         };
         let tol = match op {
@@ -164,10 +166,20 @@ fn unary_ops_forward_and_backward() {
     }
     // Special values: NaN passes Relu/Sign/Sigmoid, huge inputs saturate.
     let specials = [f32::NAN, -1000.0, 1000.0, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-30, 5.5, -12.0];
-    for op in [UnaryOp::Relu, UnaryOp::Sign, UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Erf, UnaryOp::Erfc] {
+    let specials_of = [UnaryOp::Relu, UnaryOp::Sign, UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Erf, UnaryOp::Erfc];
+    for op in specials_of.into_iter().chain([UnaryOp::Log1p, UnaryOp::Expm1]) {
         let tol = if matches!(op, UnaryOp::Relu | UnaryOp::Sign) { EXACT } else { TRANSCENDENTAL };
         forward(&wg, &format!("{} of specials", op.name()), tol, |g| {
             Ok(vec![g.tensor_from(&specials, &[specials.len()])?.unary(op)?])
+        });
+    }
+    // Log1p and Expm1 exist for their accuracy near 0: scaled by 2^20
+    // (exact on both sides), tiny results are compared relatively.
+    let tiny = [1e-7f32, -1e-6, 3e-5, -2e-4, 1e-3, -4e-3, 0.05, -0.2, 0.3, -0.35, 0.45, 1e-30];
+    for op in [UnaryOp::Log1p, UnaryOp::Expm1] {
+        forward(&wg, &format!("{} near 0", op.name()), TRANSCENDENTAL, |g| {
+            let x = g.tensor_from(&tiny, &[tiny.len()])?;
+            Ok(vec![x.unary(op)?.div(x)?, x.unary(op)?.mul(1048576.0)?])
         });
     }
     let ints = [i32::MIN, -3, 0, 5, i32::MAX];

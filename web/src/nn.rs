@@ -422,9 +422,10 @@ impl Sgd {
         self.inner.learning_rate()
     }
 
+    /// Throws (and keeps the old value) unless lr is finite and >= 0.
     #[wasm_bindgen(setter)]
-    pub fn set_lr(&mut self, lr: f64) {
-        self.inner.set_learning_rate(lr);
+    pub fn set_lr(&mut self, lr: f64) -> Res<()> {
+        Ok(self.inner.set_learning_rate(lr)?)
     }
 }
 
@@ -486,9 +487,10 @@ impl Adam {
         self.inner.learning_rate()
     }
 
+    /// Throws (and keeps the old value) unless lr is finite and >= 0.
     #[wasm_bindgen(setter)]
-    pub fn set_lr(&mut self, lr: f64) {
-        self.inner.set_learning_rate(lr);
+    pub fn set_lr(&mut self, lr: f64) -> Res<()> {
+        Ok(self.inner.set_learning_rate(lr)?)
     }
 
     /// Steps taken so far.

@@ -417,6 +417,12 @@ unary! {
     "silu" silu => silu,
     "square" square => square,
     "erf" erf => erf,
+    /// 1 - erf(x), accurate where erf(x) is close to 1.
+    "erfc" erfc => erfc,
+    /// ln(1 + x), accurate for small x.
+    "log1p" log1p => log1p,
+    /// exp(x) - 1, accurate for small x.
+    "expm1" expm1 => expm1,
     /// -1, 0 or 1 (not differentiable).
     "sign" sign => sign,
     /// A copy that does not require grad (cuts the gradient).

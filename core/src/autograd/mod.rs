@@ -115,20 +115,21 @@ fn differentiate_node(graph: &Graph, grads: &mut [Option<NodeId>], id: NodeId) -
     if node.flags & flags::REQUIRES_GRAD == 0 || node.op.is_leaf() {
         return Ok(());
     }
+    let info = node.op.info();
     let input_ids = graph.inputs_of(id);
     let inputs: SmallVec<[Tensor<'_>; 3]> = input_ids.iter().map(|&i| graph.tensor(i)).collect();
-    let needs: SmallVec<[bool; 3]> = input_ids
-        .iter()
-        .enumerate()
-        .map(|(k, &i)| graph.node(i).flags & flags::REQUIRES_GRAD != 0 && rules::differentiable_input(&node.op, k))
-        .collect();
-    let attrs = graph.attrs_of(&node.op);
-    let input_grads = rules::input_gradients(node.op, &attrs, &inputs, graph.tensor(id), graph.tensor(g), &needs)?;
+    let needs: SmallVec<[bool; 3]> =
+        inputs.iter().enumerate().map(|(k, x)| x.requires_grad() && info.differentiable_input(k)).collect();
+    let input_grads = rules::input_gradients(node.op, &inputs, graph.tensor(id), graph.tensor(g), &needs)?;
     for (k, contribution) in input_grads.into_iter().enumerate() {
         let Some(c) = contribution else { continue };
         if !needs[k] {
             continue;
         }
+        // Rules give gradients in the shape the op computed in; a
+        // broadcast operand gets its own shape back here, once for all
+        // ops.
+        let c = rules::unbroadcast(c, &inputs[k].dims())?;
         let slot = &mut grads[input_ids[k] as usize];
         *slot = Some(match *slot {
             None => c.id,

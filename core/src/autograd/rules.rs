@@ -1,7 +1,9 @@
-//! The gradient table: one arm per primitive op, each building the input
+//! The gradient rules: one arm per primitive op, each building the input
 //! gradients out of ordinary forward ops (so every rule is differentiable
 //! again). Read it next to OPS.md. `g` is the incoming gradient, `y` the
-//! op's output, `x[i]` its inputs.
+//! op's output, `x[i]` its inputs. Which of x and y a rule reads, which
+//! inputs get a gradient at all, and why an op has no rule are stated in the
+//! op table (`Op::info`); a test holds the two together.
 
 use smallvec::{smallvec, SmallVec};
 
@@ -9,76 +11,23 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp, Window2d};
-use crate::ops::SliceSpec;
 use crate::shape::{reduced_dims, AxisSet};
 
 pub(crate) type InputGrads<'g> = SmallVec<[Option<Tensor<'g>>; 3]>;
 
-/// Which values a node's rule reads, so the executor keeps them alive after
-/// the forward pass (bit i = input i).
-pub(crate) struct Saved {
-    pub inputs: u8,
-    pub output: bool,
-}
-
-pub(crate) fn saved_values(op: &Op) -> Saved {
-    let (inputs, output) = match op {
-        Op::Unary(u) => match u {
-            UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Recip | UnaryOp::Tanh | UnaryOp::Sigmoid => (0, true),
-            UnaryOp::Neg | UnaryOp::Sign => (0, false),
-            _ => (0b1, false),
-        },
-        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => (0, false),
-        Op::Binary(BinaryOp::Pow) => (0b11, true),
-        Op::Binary(_) => (0b11, false),
-        Op::Where => (0b1, false),
-        Op::Reduce { op: ReduceOp::Max | ReduceOp::Min, .. } => (0b1, true),
-        Op::Reduce { op: ReduceOp::Prod, .. } => (0b1, false),
-        Op::MatMul { .. } => (0b11, false),
-        Op::IndexSelect { .. } | Op::ScatterAdd { .. } => (0b10, false),
-        Op::MaxPool2d(_) | Op::MaxPool2dBackward(_) => (0b1, false),
-        _ => (0, false),
-    };
-    Saved { inputs, output }
-}
-
-/// Whether gradient flows from the output to input `i` at all (the
-/// condition of Where and integer indices never receive one).
-pub(crate) fn differentiable_input(op: &Op, i: usize) -> bool {
-    match op {
-        Op::Where => i != 0,
-        Op::IndexSelect { .. } => i == 0,
-        Op::ScatterAdd { .. } => i != 1,
-        // The routing depends on x only through which element is largest:
-        // piecewise constant in x.
-        Op::MaxPool2dBackward(_) => i == 1,
-        Op::Compare(_) | Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => false,
-        _ => true,
-    }
-}
-
-/// Ops whose output depends on a differentiable input but which have no
-/// gradient rule, with the reason; backward through them is an error.
-pub fn not_differentiable_reason(op: &Op) -> Option<&'static str> {
-    match op {
-        Op::Unary(UnaryOp::Sign) => {
-            Some("sign is piecewise constant (its derivative is zero almost everywhere); detach() its input if a zero gradient is intended")
-        }
-        Op::Compare(_) => Some("comparisons produce bool tensors"),
-        Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => Some("arg-reductions produce integer positions"),
-        Op::Input | Op::Param(_) => Some("leaf: gradients stop here"),
-        Op::Full(_) | Op::Arange { .. } | Op::RandUniform { .. } | Op::RandNormal { .. } => {
-            Some("creation op: no inputs")
-        }
-        _ => None,
-    }
-}
-
-/// Sum `t` back down to `dims` over the axes broadcasting stretched.
+/// Sum `t` back down to `dims` over the axes broadcasting stretched. The
+/// backward walk applies it to every contribution whose shape differs from
+/// its input's (rules return gradients of the broadcast shape).
 pub(crate) fn unbroadcast<'g>(t: Tensor<'g>, dims: &[usize]) -> Result<Tensor<'g>> {
     let from = t.dims();
     if from.as_slice() == dims {
         return Ok(t);
+    }
+    if from.len() < dims.len() {
+        return Err(Error::autograd(
+            "backward",
+            format!("a gradient of shape {:?} cannot be summed down to {:?}", from.as_slice(), dims),
+        ));
     }
     let extra = from.len() - dims.len();
     let axes: Vec<isize> =
@@ -92,14 +41,11 @@ fn per_input<'g>(needs: &[bool], mut rule: impl FnMut(usize) -> Result<Tensor<'g
     needs.iter().enumerate().map(|(i, &need)| if need { rule(i).map(Some) } else { Ok(None) }).collect()
 }
 
-fn slice_specs(attrs: &[usize]) -> Vec<SliceSpec> {
-    attrs.chunks(3).map(|c| SliceSpec::new(c[0], c[1], c[2])).collect()
-}
-
-/// The input gradients of one node, given its gradient `g`.
+/// The input gradients of one node, given its gradient `g`. A gradient may
+/// have the broadcast shape the op computed in (Binary, Where, MatMul,
+/// Expand): the walk sums it down to the input's shape.
 pub(crate) fn input_gradients<'g>(
     op: Op,
-    attrs: &[usize],
     x: &[Tensor<'g>],
     y: Tensor<'g>,
     g: Tensor<'g>,
@@ -127,39 +73,36 @@ pub(crate) fn input_gradients<'g>(
                 UnaryOp::Relu => one(x.gt(0.0)?.where_(g, zero()?)),
                 UnaryOp::Erf => one(g.mul(x.square()?.neg()?.exp()?.mul(two_over_sqrt_pi)?)),
                 UnaryOp::Erfc => one(g.mul(x.square()?.neg()?.exp()?.mul(-two_over_sqrt_pi)?)),
+                UnaryOp::Log1p => one(g.div(x.add(1.0)?)),
+                UnaryOp::Expm1 => one(g.mul(y.add(1.0)?)),
                 UnaryOp::Sign => Err(no_rule(&op)),
             }
         }
         Op::Cast(_) => one(g.cast(x[0].dtype())),
         Op::Binary(b) => {
             let (a, bb) = (x[0], x[1]);
-            let (da, db) = (a.dims(), bb.dims());
-            per_input(needs, |i| {
-                let (full, dims) = match (b, i) {
-                    (BinaryOp::Add, 0) => (g, &da),
-                    (BinaryOp::Add, _) => (g, &db),
-                    (BinaryOp::Sub, 0) => (g, &da),
-                    (BinaryOp::Sub, _) => (g.neg()?, &db),
-                    (BinaryOp::Mul, 0) => (g.mul(bb)?, &da),
-                    (BinaryOp::Mul, _) => (g.mul(a)?, &db),
-                    (BinaryOp::Div, 0) => (g.div(bb)?, &da),
-                    (BinaryOp::Div, _) => (g.mul(a)?.div(bb.square()?)?.neg()?, &db),
-                    (BinaryOp::Pow, 0) => (g.mul(bb)?.mul(a.pow(bb.sub(1.0)?)?)?, &da),
-                    (BinaryOp::Pow, _) => (g.mul(y)?.mul(a.log()?)?, &db),
-                    // Ties go to the first operand (stated in the docs, tested).
-                    (BinaryOp::Maximum, 0) => (a.ge(bb)?.where_(g, zero()?)?, &da),
-                    (BinaryOp::Maximum, _) => (a.lt(bb)?.where_(g, zero()?)?, &db),
-                    (BinaryOp::Minimum, 0) => (a.le(bb)?.where_(g, zero()?)?, &da),
-                    (BinaryOp::Minimum, _) => (a.gt(bb)?.where_(g, zero()?)?, &db),
-                };
-                unbroadcast(full, dims)
+            per_input(needs, |i| match (b, i) {
+                (BinaryOp::Add, _) => Ok(g),
+                (BinaryOp::Sub, 0) => Ok(g),
+                (BinaryOp::Sub, _) => g.neg(),
+                (BinaryOp::Mul, 0) => g.mul(bb),
+                (BinaryOp::Mul, _) => g.mul(a),
+                (BinaryOp::Div, 0) => g.div(bb),
+                (BinaryOp::Div, _) => g.mul(a)?.div(bb.square()?)?.neg(),
+                (BinaryOp::Pow, 0) => g.mul(bb)?.mul(a.pow(bb.sub(1.0)?)?),
+                (BinaryOp::Pow, _) => g.mul(y)?.mul(a.log()?),
+                // Ties go to the first operand (stated in the docs, tested).
+                (BinaryOp::Maximum, 0) => a.ge(bb)?.where_(g, zero()?),
+                (BinaryOp::Maximum, _) => a.lt(bb)?.where_(g, zero()?),
+                (BinaryOp::Minimum, 0) => a.le(bb)?.where_(g, zero()?),
+                (BinaryOp::Minimum, _) => a.gt(bb)?.where_(g, zero()?),
             })
         }
         Op::Where => {
             let c = x[0];
             per_input(needs, |i| match i {
-                1 => unbroadcast(c.where_(g, zero()?)?, &x[1].dims()),
-                _ => unbroadcast(c.where_(zero()?, g)?, &x[2].dims()),
+                1 => c.where_(g, zero()?),
+                _ => c.where_(zero()?, g),
             })
         }
         Op::Reduce { op: r, axes, keepdim } => {
@@ -182,31 +125,23 @@ pub(crate) fn input_gradients<'g>(
         }
         Op::MatMul { transpose_a: ta, transpose_b: tb } => {
             let (a, b) = (x[0], x[1]);
-            per_input(needs, |i| {
-                let full = match (ta, tb, i) {
-                    (false, false, 0) => g.matmul_t(b, false, true)?,
-                    (false, false, _) => a.matmul_t(g, true, false)?,
-                    (false, true, 0) => g.matmul_t(b, false, false)?,
-                    (false, true, _) => g.matmul_t(a, true, false)?,
-                    (true, false, 0) => b.matmul_t(g, false, true)?,
-                    (true, false, _) => a.matmul_t(g, false, false)?,
-                    (true, true, 0) => b.matmul_t(g, true, true)?,
-                    (true, true, _) => g.matmul_t(a, true, true)?,
-                };
-                unbroadcast(full, &x[i].dims())
+            per_input(needs, |i| match (ta, tb, i) {
+                (false, false, 0) => g.matmul_t(b, false, true),
+                (false, false, _) => a.matmul_t(g, true, false),
+                (false, true, 0) => g.matmul_t(b, false, false),
+                (false, true, _) => g.matmul_t(a, true, false),
+                (true, false, 0) => b.matmul_t(g, false, true),
+                (true, false, _) => a.matmul_t(g, false, false),
+                (true, true, 0) => b.matmul_t(g, true, true),
+                (true, true, _) => g.matmul_t(a, true, true),
             })
         }
         Op::Reshape => one(g.reshape_to(&x[0].dims())),
-        Op::Permute(_) => {
-            let mut inverse = vec![0; attrs.len()];
-            for (i, &p) in attrs.iter().enumerate() {
-                inverse[p] = i;
-            }
-            one(g.permute(&inverse))
-        }
-        Op::Expand => one(unbroadcast(g, &x[0].dims())),
-        Op::Slice(_) => one(g.slice_backward(&x[0].dims(), &slice_specs(attrs))),
-        Op::SliceBackward(_) => one(g.slice(&slice_specs(attrs))),
+        Op::Permute(perm) => one(g.permute(&perm.inverse().to_dims())),
+        // g has the expanded shape: the walk sums it down.
+        Op::Expand => one(Ok(g)),
+        Op::Slice(attr) => one(g.slice_backward_attr(&x[0].dims(), attr)),
+        Op::SliceBackward(attr) => one(g.slice_attr(attr, &x[0].dims())),
         Op::Concat { axis } => {
             let mut offsets = Vec::with_capacity(x.len());
             let mut offset = 0;
@@ -288,7 +223,103 @@ fn max_pool_gather<'g>(x: Tensor<'g>, g: Tensor<'g>, window: Window2d) -> Result
     columns(g)?.mul(pick)?.sum(&[2], false)?.reshape_to(&[n, c, oh, ow])
 }
 
-fn no_rule(op: &Op) -> Error {
-    let why = not_differentiable_reason(op).unwrap_or("no gradient rule is defined");
+pub(crate) fn no_rule(op: &Op) -> Error {
+    let why = op.info().no_rule.unwrap_or("no gradient rule is defined");
     Error::autograd(op.name(), format!("cannot differentiate through {}: {why}", op.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The op table against the rules: for every primitive, on its sample
+    //! case, the rule exists exactly when the table says so, gives a
+    //! gradient to exactly the inputs the table marks differentiable, and
+    //! reads exactly the forward values the table marks saved.
+    use super::*;
+    use crate::coverage::op_case;
+    use crate::device::Device;
+    use crate::dtype::HostData;
+    use crate::graph::Graph;
+
+    #[test]
+    fn every_table_entry_agrees_with_its_gradient_rule() {
+        let device = Device::cpu();
+        let mut checked = 0;
+        for kind in Op::kinds() {
+            let info = kind.info();
+            if kind.is_leaf() {
+                assert!(info.no_rule.is_some(), "{}: leaves have no rule", info.name);
+                continue;
+            }
+            let case = op_case(info.name).unwrap_or_else(|| panic!("{} has no sample case", info.name));
+            let graph = Graph::new(&device);
+            let xs: Vec<Tensor<'_>> = case
+                .inputs
+                .iter()
+                .map(|i| graph.variable_from_host(HostData::F64(i.values.clone()), &i.dims).unwrap())
+                .collect();
+            let out = (case.build)(&graph, &xs).unwrap();
+            let node = (0..=out.id()).map(|id| graph.tensor(id)).find(|t| t.op().name() == info.name).unwrap();
+            let op = node.op();
+            assert_eq!(op.info(), info, "{}: attributes do not change what an op is", info.name);
+            let input_ids = graph.inputs_of(node.id());
+            assert!(
+                info.arity.accepts(input_ids.len()),
+                "{}: arity {:?} vs {} inputs",
+                info.name,
+                info.arity,
+                input_ids.len()
+            );
+            if let Some(e) = info.elementwise {
+                assert_eq!(info.family, crate::op::Family::Elementwise);
+                assert!(
+                    e.expr.arity() <= input_ids.len(),
+                    "{}: the expression reads more operands than it has",
+                    info.name
+                );
+            }
+            let inputs: Vec<Tensor<'_>> = input_ids.iter().map(|&i| graph.tensor(i)).collect();
+            let needs: Vec<bool> =
+                inputs.iter().enumerate().map(|(k, x)| x.requires_grad() && info.differentiable_input(k)).collect();
+            let g = graph.ones(&node.dims(), node.dtype()).unwrap();
+            let mark = graph.len() as u32;
+            let result = input_gradients(op, &inputs, node, g, &needs);
+            match (info.no_rule, result) {
+                (Some(_), Err(e)) => assert!(e.message().contains("cannot differentiate"), "{e}"),
+                (Some(why), Ok(_)) => panic!("{}: the table says no rule ({why}) but the rule answered", info.name),
+                (None, Err(e)) => panic!("{}: the rule failed: {e}", info.name),
+                (None, Ok(grads)) => {
+                    checked += 1;
+                    for (k, grad) in grads.iter().enumerate() {
+                        assert_eq!(grad.is_some(), needs[k], "{}: gradient of input {k}", info.name);
+                    }
+                    // Which forward values the new nodes read.
+                    let mut read_inputs = 0u8;
+                    let mut read_output = false;
+                    for id in mark..graph.len() as u32 {
+                        for used in graph.inputs_of(id) {
+                            if used == node.id() {
+                                read_output = true;
+                            }
+                            for (k, &input) in input_ids.iter().enumerate() {
+                                if used == input {
+                                    read_inputs |= 1 << k;
+                                }
+                            }
+                        }
+                    }
+                    let saved = info.saved;
+                    assert_eq!(
+                        (read_inputs, read_output),
+                        (saved.inputs, saved.output),
+                        "{}: the rule reads (inputs {read_inputs:b}, output {read_output}) but the table saves \
+                         (inputs {:b}, output {})",
+                        info.name,
+                        saved.inputs,
+                        saved.output
+                    );
+                }
+            };
+        }
+        assert!(checked >= 40, "only {checked} rules checked");
+    }
 }

@@ -30,8 +30,6 @@ use smallvec::SmallVec;
 use crate::error::{Error, Result};
 use crate::graph::{flags, Graph, NodeId, Segment, SlabRange, Tensor};
 
-use super::rules;
-
 /// Run `f(x)` as an activation-checkpointed segment: its intermediate
 /// values are not kept for the backward pass, which recomputes them from
 /// `x` (and whatever else `f` read from outside) and then differentiates
@@ -146,11 +144,10 @@ impl Graph {
     fn record_copy(&self, id: NodeId, inputs: &[NodeId]) -> Result<NodeId> {
         let node = self.node(id);
         let dims = self.dims_of(id);
-        let attrs = self.attrs_of(&node.op);
         let requires = node.flags & flags::REQUIRES_GRAD;
-        let copy = self.push_node(node.op, inputs, &dims, node.dtype, requires, &attrs, node.location)?;
+        let copy = self.push_node(node.op, inputs, &dims, node.dtype, requires, node.location)?;
         if requires != 0 && self.is_grad_enabled() {
-            let saved = rules::saved_values(&node.op);
+            let saved = node.op.info().saved;
             for (i, &input) in inputs.iter().enumerate() {
                 if saved.inputs & (1 << i) != 0 {
                     self.set_flag(input, flags::SAVED);

@@ -7,38 +7,16 @@
 use crate::backend::ParamUpdate;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::op::{Op, ReduceOp, Window2d};
+use crate::op::{Op, Perm, ReduceOp, SliceAttr, Window2d};
 use crate::shape::{broadcast_strides, contiguous_strides, fmt_dims, AxisSet, Dims};
 
-/// Whether a backend that stores `dtypes` has a kernel for `op` on `dtype`.
-/// The float kernels cover every float dtype stored; integer kernels exist
-/// only where the op has an integer meaning (`accepts_integers`).
+/// Whether a backend that stores `dtypes` has a kernel for `op` producing
+/// `dtype`: the op table's kernel dtypes (`OpInfo::dtypes`) that the backend
+/// stores. Every backend answers `supports` with this, so the kernel set is
+/// stated once, in the table; each backend's tests check that it really has
+/// every kernel this promises.
 pub fn has_kernel(op: &Op, dtype: DType, dtypes: &[DType]) -> bool {
-    if !dtypes.contains(&dtype) {
-        return false;
-    }
-    let float = dtype.is_float();
-    let num = float || dtype == DType::I32;
-    match op {
-        Op::Input | Op::Param(_) => false,
-        Op::Full(_) | Op::Arange { .. } | Op::Where | Op::Cast(_) => true,
-        Op::Unary(u) => float || (dtype == DType::I32 && u.accepts_integers()),
-        Op::Binary(b) => float || (dtype == DType::I32 && b.accepts_integers()),
-        Op::Compare(_) => dtype == DType::Bool,
-        Op::Reduce { op: ReduceOp::ArgMax | ReduceOp::ArgMin, .. } => dtype == DType::I32,
-        Op::Reduce { .. } => num,
-        Op::MatMul { .. } => float,
-        Op::Reshape
-        | Op::Permute(_)
-        | Op::Expand
-        | Op::Slice(_)
-        | Op::SliceBackward(_)
-        | Op::Concat { .. }
-        | Op::IndexSelect { .. } => true,
-        Op::ScatterAdd { .. } => num,
-        Op::Im2Col(_) | Op::Col2Im { .. } => num,
-        Op::MaxPool2d(_) | Op::MaxPool2dBackward(_) | Op::RandUniform { .. } | Op::RandNormal { .. } => float,
-    }
+    dtypes.contains(&dtype) && op.info().dtypes.contains(dtype)
 }
 
 /// The strides that read `dims` broadcast to `out` (the graph guarantees it
@@ -52,16 +30,9 @@ pub fn broadcast_to(op: &'static str, dims: &[usize], out: &[usize]) -> Result<D
 }
 
 /// The strides that read `x` (contiguous) permuted by `perm` into `out`.
-pub fn permute_strides(perm: &[usize], x: &[usize], out: &[usize]) -> Result<Dims> {
+pub fn permute_strides(perm: &Perm, x: &[usize], out: &[usize]) -> Result<Dims> {
     let rank = x.len();
-    let mut seen = 0u64;
-    let valid = perm.len() == rank
-        && out.len() == rank
-        && perm.iter().enumerate().all(|(i, &p)| {
-            let fresh = p < rank && seen & (1 << p.min(63)) == 0;
-            seen |= 1 << p.min(63);
-            fresh && out[i] == x[p]
-        });
+    let valid = perm.rank() == rank && out.len() == rank && (0..rank).all(|i| out[i] == x[perm.get(i)]);
     if !valid {
         return Err(Error::shape(
             "Permute",
@@ -69,26 +40,31 @@ pub fn permute_strides(perm: &[usize], x: &[usize], out: &[usize]) -> Result<Dim
         ));
     }
     let xs = contiguous_strides(x);
-    Ok(perm.iter().map(|&p| xs[p]).collect())
+    Ok((0..rank).map(|i| xs[perm.get(i)]).collect())
 }
 
-/// The base offset and strides that read the slice `spec` (start, end, step
-/// per axis) of a tensor of dims `full`, whose sliced dims are `sliced`.
-pub fn slice_view(op: &'static str, spec: &[usize], full: &[usize], sliced: &[usize]) -> Result<(usize, Dims)> {
+/// The base offset and strides that read the slice `attr` (start and step
+/// per axis) of a tensor of dims `full`, taking `sliced` elements per axis.
+pub fn slice_view(op: &'static str, attr: &SliceAttr, full: &[usize], sliced: &[usize]) -> Result<(usize, Dims)> {
     let bad = || {
-        Error::out_of_range(op, format!("slice {spec:?} of {} does not have dims {}", fmt_dims(full), fmt_dims(sliced)))
+        Error::out_of_range(op, format!("slice {attr:?} of {} does not have dims {}", fmt_dims(full), fmt_dims(sliced)))
     };
-    if spec.len() != 3 * full.len() || sliced.len() != full.len() {
+    if attr.rank() != full.len() || sliced.len() != full.len() {
         return Err(bad());
     }
     let fs = contiguous_strides(full);
     let mut base = 0;
     let mut strides = Dims::new();
     for d in 0..full.len() {
-        let (start, end, step) = (spec[3 * d], spec[3 * d + 1], spec[3 * d + 2]);
-        let n = sliced[d];
-        let expect = if end > start && step > 0 { (end - start).div_ceil(step) } else { 0 };
-        if step == 0 || n != expect || (n > 0 && start + (n - 1) * step >= full[d]) {
+        let (start, step, n) = (attr.start(d), attr.step(d), sliced[d]);
+        // The last element taken must lie inside the axis (none taken: the
+        // start may be the axis length).
+        let fits = if n == 0 {
+            start <= full[d]
+        } else {
+            (n - 1).checked_mul(step).and_then(|s| s.checked_add(start)).is_some_and(|last| last < full[d])
+        };
+        if step == 0 || !fits {
             return Err(bad());
         }
         base += start * fs[d];

@@ -40,8 +40,6 @@ impl TensorRef<'_> {
 #[derive(Clone, Copy, Debug)]
 pub struct KernelCall<'a> {
     pub op: Op,
-    /// The op's slab attributes (permutation, slice triples), if any.
-    pub attrs: &'a [usize],
     pub inputs: &'a [TensorRef<'a>],
     pub output: TensorRef<'a>,
 }

@@ -9,6 +9,10 @@
 //! file access.
 
 use super::{maybe_gunzip, Dataset, DatasetSplit};
+
+/// The most bytes a gzipped digits CSV may inflate to (the UCI file is
+/// about 0.5 MB): a decompression bomb is refused, not inflated.
+const MAX_CSV_BYTES: u64 = 64 << 20;
 use crate::error::{Error, Result};
 
 /// The gzipped CSV, as shipped by scikit-learn.
@@ -28,7 +32,7 @@ pub const DIGITS_MAX_PIXEL: u32 = 16;
 pub fn parse_digits_csv(bytes: &[u8]) -> Result<Dataset> {
     const OP: &str = "parse_digits_csv";
     const WHAT: &str = "digits CSV";
-    let bytes = maybe_gunzip(bytes, OP, WHAT)?;
+    let bytes = maybe_gunzip(bytes, OP, WHAT, MAX_CSV_BYTES)?;
     let text = std::str::from_utf8(&bytes).map_err(|e| Error::io(OP, format!("{WHAT}: not UTF-8 text ({e})")))?;
 
     let mut images = Vec::with_capacity(DIGITS_LEN * DIGITS_FEATURES);

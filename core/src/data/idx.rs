@@ -14,7 +14,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{maybe_gunzip, Dataset, DatasetSplit};
+use std::io::{BufRead, Read};
+
+use super::{Dataset, DatasetSplit, GZIP_MAGIC};
 use crate::error::{Error, Result};
 
 /// Data-type code of unsigned bytes, the only one kiln reads.
@@ -29,16 +31,23 @@ pub struct IdxArray {
     pub data: Vec<u8>,
 }
 
-/// Read an IDX file (gzipped or raw).
+/// Read an IDX file (gzipped or raw). The header is read and checked
+/// first; the data is then read only up to the length the header announces
+/// (and one byte more, to see whether the file goes on), so a file whose
+/// body is longer than its header says — a decompression bomb, `/dev/zero`
+/// — costs no more memory than the header promised.
 pub fn read_idx(path: &Path) -> Result<IdxArray> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::io("read_idx", format!("cannot read {}: {e}", path.display())))?;
-    decode(&bytes, &path.display().to_string())
+    let what = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|e| Error::io("read_idx", format!("cannot read {what}: {e}")))?;
+    // A raw file shorter than its header announces is refused before its
+    // body is read; gzipped ones are checked as they inflate.
+    let size = file.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+    decode(std::io::BufReader::new(file), &what, size)
 }
 
 /// Decode an IDX file already in memory (gzipped or raw).
 pub fn parse_idx(bytes: &[u8]) -> Result<IdxArray> {
-    decode(bytes, "IDX buffer")
+    decode(bytes, "IDX buffer", Some(bytes.len() as u64))
 }
 
 fn type_name(code: u8) -> &'static str {
@@ -53,25 +62,63 @@ fn type_name(code: u8) -> &'static str {
     }
 }
 
-/// `what` names the source (a path, or "IDX buffer") in error messages.
-fn decode(bytes: &[u8], what: &str) -> Result<IdxArray> {
-    const OP: &str = "read_idx";
-    let bytes = maybe_gunzip(bytes, OP, what)?;
-    let bytes = &bytes[..];
-    if bytes.len() < 4 {
+const OP: &str = "read_idx";
+
+/// `what` names the source (a path, or "IDX buffer") in error messages;
+/// `size` is the stored size when known.
+fn decode(mut reader: impl BufRead, what: &str, size: Option<u64>) -> Result<IdxArray> {
+    let start = reader.fill_buf().map_err(|e| Error::io(OP, format!("cannot read {what}: {e}")))?;
+    if start.starts_with(&GZIP_MAGIC) {
+        decode_stream(flate2::bufread::MultiGzDecoder::new(reader), what, None)
+    } else {
+        decode_stream(reader, what, size)
+    }
+}
+
+/// Fill `buf` as far as the stream goes; how many bytes were read.
+fn read_up_to(r: &mut impl Read, buf: &mut [u8], what: &str) -> Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match r.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(read_error(what, e)),
+        }
+    }
+    Ok(filled)
+}
+
+fn read_error(what: &str, e: std::io::Error) -> Error {
+    if matches!(
+        e.kind(),
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+    ) {
+        Error::io(OP, format!("{what}: gzip data is corrupt or truncated ({e})"))
+    } else {
+        Error::io(OP, format!("cannot read {what}: {e}"))
+    }
+}
+
+/// The header, then exactly the data it announces. `size`: the raw
+/// stream's total length, when known.
+fn decode_stream(mut r: impl Read, what: &str, size: Option<u64>) -> Result<IdxArray> {
+    let mut magic = [0u8; 4];
+    let got = read_up_to(&mut r, &mut magic, what)?;
+    if got < 4 {
         return Err(Error::io(
             OP,
-            format!("{what}: truncated IDX file: {} bytes, shorter than the 4-byte magic number", bytes.len()),
+            format!("{what}: truncated IDX file: {got} bytes, shorter than the 4-byte magic number"),
         ));
     }
-    let (zeros, code, ndim) = ([bytes[0], bytes[1]], bytes[2], bytes[3] as usize);
+    let (zeros, code, ndim) = ([magic[0], magic[1]], magic[2], magic[3] as usize);
     if zeros != [0, 0] || !matches!(code, 0x08 | 0x09 | 0x0B..=0x0E) {
         return Err(Error::io(
             OP,
             format!(
                 "{what}: bad magic number {:02x} {:02x} {:02x} {:02x}: not an IDX file \
                  (expected 00 00, a type code 08/09/0b-0e and the dimension count)",
-                bytes[0], bytes[1], bytes[2], bytes[3]
+                magic[0], magic[1], magic[2], magic[3]
             ),
         ));
     }
@@ -91,38 +138,47 @@ fn decode(bytes: &[u8], what: &str) -> Result<IdxArray> {
         ));
     }
     let header = 4 + 4 * ndim;
-    if bytes.len() < header {
+    let mut dim_bytes = [0u8; 12];
+    let got = read_up_to(&mut r, &mut dim_bytes[..4 * ndim], what)?;
+    if got < 4 * ndim {
         return Err(Error::io(
             OP,
             format!(
                 "{what}: truncated IDX file: the header of {ndim} dimension(s) needs {header} bytes, the file has {}",
-                bytes.len()
+                4 + got
             ),
         ));
     }
     let dims: Vec<usize> =
-        bytes[4..header].chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
+        dim_bytes[..4 * ndim].chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
     let expected = dims
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| Error::io(OP, format!("{what}: IDX dimensions {dims:?} overflow")))?;
-    let found = bytes.len() - header;
-    if found < expected {
+    if let Some(size) = size {
+        let found = size.saturating_sub(header as u64);
+        if found < expected as u64 {
+            return Err(truncated(what, &dims, expected, found));
+        }
+    }
+    // Grow with the data actually read (never trust the header with an
+    // allocation), and stop one byte past what it announced.
+    let mut data = Vec::new();
+    r.take(expected as u64 + 1).read_to_end(&mut data).map_err(|e| read_error(what, e))?;
+    if data.len() < expected {
+        return Err(truncated(what, &dims, expected, data.len() as u64));
+    }
+    if data.len() > expected {
         return Err(Error::io(
             OP,
-            format!("{what}: truncated IDX file: dimensions {dims:?} need {expected} data bytes, found {found}"),
+            format!("{what}: IDX file has bytes after the data of dimensions {dims:?} ({expected} bytes)"),
         ));
     }
-    if found > expected {
-        return Err(Error::io(
-            OP,
-            format!(
-                "{what}: IDX file has {} bytes after the data of dimensions {dims:?} ({expected} bytes)",
-                found - expected
-            ),
-        ));
-    }
-    Ok(IdxArray { dims, data: bytes[header..].to_vec() })
+    Ok(IdxArray { dims, data })
+}
+
+fn truncated(what: &str, dims: &[usize], expected: usize, found: u64) -> Error {
+    Error::io(OP, format!("{what}: truncated IDX file: dimensions {dims:?} need {expected} data bytes, found {found}"))
 }
 
 /// Pair an images array (`[n, rows, cols]`) with a labels array (`[n]`) into
@@ -274,7 +330,7 @@ mod tests {
         // Trailing garbage.
         let mut long = images();
         long.push(0);
-        assert!(message(parse_idx(&long)).contains("1 bytes after the data"));
+        assert!(message(parse_idx(&long)).contains("bytes after the data"));
         // A gzip stream cut in the middle.
         let gz = gzip(&images());
         let m = message(parse_idx(&gz[..gz.len() - 6]));
@@ -282,6 +338,42 @@ mod tests {
         // Huge declared dimensions with no data: an error, not an allocation.
         let m = message(parse_idx(&idx_bytes(UBYTE, &[u32::MAX, u32::MAX, u32::MAX], &[])));
         assert!(m.contains("truncated") || m.contains("overflow"), "{m}");
+    }
+
+    /// A valid one-image header followed by far more data than it
+    /// announces, gzipped to a small file: refused after reading one byte
+    /// past the image, not after inflating everything.
+    #[test]
+    fn bodies_longer_than_the_header_are_refused_without_reading_them() {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(&idx_bytes(UBYTE, &[1, 28, 28], &[0; 784])).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            enc.write_all(&zeros).unwrap(); // 64 MiB of zeros after the image
+        }
+        let bomb = enc.finish().unwrap();
+        assert!(bomb.len() < 1 << 20, "the compressed file is small: {}", bomb.len());
+        // Count what the decoder hands out: at most the header, the image and one byte.
+        struct Counting<R>(R, std::rc::Rc<std::cell::Cell<usize>>);
+        impl<R: Read> Read for Counting<R> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.0.read(buf)?;
+                self.1.set(self.1.get() + n);
+                Ok(n)
+            }
+        }
+        let count = std::rc::Rc::new(std::cell::Cell::new(0));
+        let stream = Counting(flate2::read::MultiGzDecoder::new(&bomb[..]), count.clone());
+        let e = decode_stream(stream, "bomb", None).unwrap_err();
+        assert!(e.message().contains("bytes after the data"), "{e}");
+        assert!(count.get() <= 16 + 784 + 64 * 1024, "read {} bytes", count.get());
+        assert!(message(parse_idx(&bomb)).contains("bytes after the data"));
+        // An endless raw stream (as /dev/zero) is refused by its magic.
+        let e = decode_stream(std::io::repeat(0), "zeros", None).unwrap_err();
+        assert!(e.message().contains("bad magic"), "{e}");
+        // A header announcing 4 GiB over a few bytes: truncated, not allocated.
+        let e = parse_idx(&idx_bytes(UBYTE, &[1 << 16, 1 << 8, 1 << 8], &[1, 2, 3])).unwrap_err();
+        assert!(e.message().contains("truncated") && e.message().contains("found 3"), "{e}");
     }
 
     #[test]

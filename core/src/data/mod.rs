@@ -202,15 +202,21 @@ impl Dataset {
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// `bytes` decompressed if they start with the gzip magic, else as they are.
+/// At most `limit` decompressed bytes are accepted (a file that inflates to
+/// more is refused once it passes the limit, not after inflating it all).
 /// `what` names the source (a path) in error messages.
-fn maybe_gunzip<'a>(bytes: &'a [u8], op: &'static str, what: &str) -> Result<Cow<'a, [u8]>> {
+fn maybe_gunzip<'a>(bytes: &'a [u8], op: &'static str, what: &str, limit: u64) -> Result<Cow<'a, [u8]>> {
     if !bytes.starts_with(&GZIP_MAGIC) {
         return Ok(Cow::Borrowed(bytes));
     }
-    let mut out = Vec::with_capacity(bytes.len().saturating_mul(4));
+    let mut out = Vec::new();
     flate2::read::MultiGzDecoder::new(bytes)
+        .take(limit + 1)
         .read_to_end(&mut out)
         .map_err(|e| Error::io(op, format!("{what}: gzip data is corrupt or truncated ({e})")))?;
+    if out.len() as u64 > limit {
+        return Err(Error::io(op, format!("{what}: inflates to more than {limit} bytes")));
+    }
     Ok(Cow::Owned(out))
 }
 
@@ -276,12 +282,14 @@ mod tests {
     fn gunzip_detects_by_magic() {
         use std::io::Write;
         let raw = b"hello, not gzip";
-        assert!(matches!(maybe_gunzip(raw, "t", "x").unwrap(), Cow::Borrowed(_)));
+        assert!(matches!(maybe_gunzip(raw, "t", "x", 100).unwrap(), Cow::Borrowed(_)));
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         enc.write_all(raw).unwrap();
         let gz = enc.finish().unwrap();
-        assert_eq!(&*maybe_gunzip(&gz, "t", "x").unwrap(), raw);
-        let e = maybe_gunzip(&gz[..gz.len() / 2], "t", "some/file.gz").unwrap_err();
+        assert_eq!(&*maybe_gunzip(&gz, "t", "x", raw.len() as u64).unwrap(), raw);
+        let e = maybe_gunzip(&gz, "t", "x", raw.len() as u64 - 1).unwrap_err();
+        assert!(e.message().contains("more than"), "{e}");
+        let e = maybe_gunzip(&gz[..gz.len() / 2], "t", "some/file.gz", 100).unwrap_err();
         assert!(e.message().contains("some/file.gz") && e.message().contains("gzip"), "{e}");
     }
 }

@@ -26,8 +26,10 @@ fn check_logits_labels(op: &'static str, logits: &Tensor<'_>, labels: &Tensor<'_
 }
 
 /// Mean softmax cross-entropy of `logits` [N, C] against integer `labels` [N]
-/// in 0..C. (A label outside 0..C selects nothing and contributes 0 loss:
-/// validate labels when loading data.)
+/// in 0..C. A label outside 0..C is an out-of-range error naming the label
+/// and its row (`index L at position R`), raised when the loss is computed
+/// (the labels' values are only known then), on every backend. Logits of
+/// ±inf give PyTorch's values: a row [0, -inf] with label 0 costs 0.
 #[track_caller]
 pub fn cross_entropy<'g>(logits: Tensor<'g>, labels: Tensor<'g>) -> Result<Tensor<'g>> {
     check_logits_labels("cross_entropy", &logits, &labels)?;
@@ -53,12 +55,27 @@ pub fn cross_entropy_probs<'g>(logits: Tensor<'g>, targets: Tensor<'g>) -> Resul
     logits.log_softmax(-1)?.mul(targets)?.sum_all()?.div(-(n as f64))
 }
 
-/// Mean negative log-likelihood of log-probabilities [N, C] at `labels` [N].
+/// Mean negative log-likelihood of log-probabilities [N, C] at `labels` [N]
+/// (labels checked as in `cross_entropy`).
 #[track_caller]
 pub fn nll_loss<'g>(log_probs: Tensor<'g>, labels: Tensor<'g>) -> Result<Tensor<'g>> {
     let (n, classes) = check_logits_labels("nll_loss", &log_probs, &labels)?;
-    let picked = log_probs.mul(labels.one_hot(classes, log_probs.dtype())?)?;
+    let picked = label_mask(labels, classes)?.where_(log_probs, 0.0)?;
     picked.sum_all()?.div(-(n as f64))
+}
+
+/// [N, C] bool, true at (row, label). Selecting (not multiplying by a one-hot
+/// row) keeps a -inf log-probability off the unselected classes (-inf · 0 is
+/// NaN). The labels pass through an IndexSelect of 0..C first: its
+/// backend-side range check makes a label outside 0..C an error naming the
+/// label and its row, at run time on every backend.
+#[track_caller]
+fn label_mask<'g>(labels: Tensor<'g>, classes: usize) -> Result<Tensor<'g>> {
+    let graph = labels.graph();
+    let class_ids = graph.arange(0.0, 1.0, classes, DType::I32)?;
+    let checked = class_ids.index_select(0, labels)?;
+    let n = labels.numel();
+    checked.reshape_to(&[n, 1])?.eq(class_ids.reshape_to(&[1, classes])?)
 }
 
 /// Mean squared error.

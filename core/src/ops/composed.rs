@@ -88,11 +88,14 @@ impl<'g> Tensor<'g> {
         shifted.sub(shifted.exp()?.sum(&[axis], true)?.log()?)
     }
 
-    /// log(sum(exp(x))) over `axes`, computed stably.
+    /// log(sum(exp(x))) over `axes`, computed stably. As in PyTorch, an
+    /// infinite maximum is not subtracted (-inf - -inf is NaN): all -inf
+    /// gives -inf, any +inf gives +inf.
     #[track_caller]
     pub fn logsumexp(self, axes: &[isize], keepdim: bool) -> Result<Tensor<'g>> {
         self.require_float("logsumexp")?;
         let m = self.max(axes, true)?.detach()?;
+        let m = m.abs()?.eq(f64::INFINITY)?.where_(0.0, m)?;
         let lse = self.sub(m)?.exp()?.sum(axes, true)?.log()?.add(m)?;
         if keepdim {
             Ok(lse)

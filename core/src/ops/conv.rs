@@ -71,7 +71,7 @@ impl<'g> Tensor<'g> {
         )?;
         let cols = checked_product("Im2Col", || format!("{oh}x{ow} window positions"), &[oh, ow])?;
         let dims = [n, rows, cols];
-        self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), &[], Location::caller())
+        self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), Location::caller())
     }
 
     /// Fold columns [N, C·kh·kw, OH·OW] back into [N, C, H, W], summing
@@ -104,7 +104,7 @@ impl<'g> Tensor<'g> {
         }
         let dims = [d[0], d[1] / k, image[0], image[1]];
         let op = Op::Col2Im { window, image: [image[0] as u32, image[1] as u32] };
-        self.graph.record(op, &[self.id], &dims, self.dtype(), &[], Location::caller())
+        self.graph.record(op, &[self.id], &dims, self.dtype(), Location::caller())
     }
 
     /// 2-D max pooling. With `ceil_mode` the output rounds up, as PyTorch's
@@ -163,7 +163,7 @@ impl<'g> Tensor<'g> {
         }
         let [oh, ow] = output_size("MaxPool2d", &window, [h, w])?;
         let dims = [n, c, oh, ow];
-        self.graph.record(Op::MaxPool2d(window), &[self.id], &dims, self.dtype(), &[], Location::caller())
+        self.graph.record(Op::MaxPool2d(window), &[self.id], &dims, self.dtype(), Location::caller())
     }
 
     /// The adjoint of max pooling: `self` is the pooled input x, `grad` has
@@ -187,14 +187,7 @@ impl<'g> Tensor<'g> {
             ));
         }
         let dims = [n, c, h, w];
-        self.graph.record(
-            Op::MaxPool2dBackward(window),
-            &[self.id, grad.id],
-            &dims,
-            self.dtype(),
-            &[],
-            Location::caller(),
-        )
+        self.graph.record(Op::MaxPool2dBackward(window), &[self.id, grad.id], &dims, self.dtype(), Location::caller())
     }
 }
 
@@ -222,6 +215,6 @@ impl Graph {
         if numel > u32::MAX as usize / 2 {
             return Err(Error::invalid(op.name(), "the generator's counter is 32-bit: at most 2^31 elements"));
         }
-        self.record(op, &[], dims, dtype, &[], Location::caller())
+        self.record(op, &[], dims, dtype, Location::caller())
     }
 }

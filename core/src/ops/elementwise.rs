@@ -94,6 +94,11 @@ unary_methods! {
     erf => Erf,
     /// 1 - erf(x), accurate where erf(x) is close to 1.
     erfc => Erfc,
+    /// ln(1 + x), accurate for small x (where `add(1.0)?.log()` loses the
+    /// digits of x).
+    log1p => Log1p,
+    /// exp(x) - 1, accurate for small x.
+    expm1 => Expm1,
     /// -1, 0 or 1 (NaN stays NaN). Not differentiable: backward through it is
     /// an error; `detach()` the input if a zero gradient is what you want.
     sign => Sign,
@@ -148,30 +153,28 @@ impl<'g> Tensor<'g> {
     #[track_caller]
     pub fn unary(self, op: UnaryOp) -> Result<Tensor<'g>> {
         let dtype = self.dtype();
-        let ok = dtype.is_float() || (dtype == DType::I32 && op.accepts_integers());
-        if !ok {
+        if !Op::Unary(op).info().dtypes.contains(dtype) {
             return Err(Error::dtype(op.name(), format!("does not take {dtype} tensors")));
         }
         let dims = self.dims();
-        self.graph.record(Op::Unary(op), &[self.id], &dims, dtype, &[], Location::caller())
+        self.graph.record(Op::Unary(op), &[self.id], &dims, dtype, Location::caller())
     }
 
     #[track_caller]
     pub fn binary(self, op: BinaryOp, other: Tensor<'g>) -> Result<Tensor<'g>> {
         let dims = broadcast(op.name(), &self, &other)?;
         let dtype = same_dtype(op.name(), &self, &other)?;
-        let ok = dtype.is_float() || (dtype == DType::I32 && op.accepts_integers());
-        if !ok {
+        if !Op::Binary(op).info().dtypes.contains(dtype) {
             return Err(Error::dtype(op.name(), format!("does not take {dtype} tensors")));
         }
-        self.graph.record(Op::Binary(op), &[self.id, other.id], &dims, dtype, &[], Location::caller())
+        self.graph.record(Op::Binary(op), &[self.id, other.id], &dims, dtype, Location::caller())
     }
 
     #[track_caller]
     pub fn compare(self, op: CompareOp, other: Tensor<'g>) -> Result<Tensor<'g>> {
         let dims = broadcast(op.name(), &self, &other)?;
         same_dtype(op.name(), &self, &other)?;
-        self.graph.record(Op::Compare(op), &[self.id, other.id], &dims, DType::Bool, &[], Location::caller())
+        self.graph.record(Op::Compare(op), &[self.id, other.id], &dims, DType::Bool, Location::caller())
     }
 
     /// `where(self, on_true, on_false)` with `self` a bool condition; all
@@ -205,14 +208,14 @@ impl<'g> Tensor<'g> {
                 ),
             ));
         };
-        self.graph.record(Op::Where, &[self.id, a.id, b.id], &dims, dtype, &[], Location::caller())
+        self.graph.record(Op::Where, &[self.id, a.id, b.id], &dims, dtype, Location::caller())
     }
 
     /// Convert to another dtype. Differentiable between float dtypes.
     #[track_caller]
     pub fn cast(self, dtype: DType) -> Result<Tensor<'g>> {
         let dims = self.dims();
-        self.graph.record(Op::Cast(dtype), &[self.id], &dims, dtype, &[], Location::caller())
+        self.graph.record(Op::Cast(dtype), &[self.id], &dims, dtype, Location::caller())
     }
 
     /// The same values, cut off from gradient tracking.
@@ -220,6 +223,6 @@ impl<'g> Tensor<'g> {
     pub fn detach(self) -> Result<Tensor<'g>> {
         let _guard = self.graph.no_grad();
         let dims = self.dims();
-        self.graph.record(Op::Reshape, &[self.id], &dims, self.dtype(), &[], Location::caller())
+        self.graph.record(Op::Reshape, &[self.id], &dims, self.dtype(), Location::caller())
     }
 }

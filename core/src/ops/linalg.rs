@@ -66,7 +66,6 @@ impl<'g> Tensor<'g> {
             &[self.id, other.id],
             &dims,
             self.dtype(),
-            &[],
             Location::caller(),
         )
     }

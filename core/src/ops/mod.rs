@@ -20,7 +20,6 @@ pub use movement::SliceSpec;
 
 use std::panic::Location;
 
-use crate::autograd::rules;
 use crate::dtype::DType;
 use crate::graph::{flags, Graph, NodeId, Tensor};
 use crate::op::Op;
@@ -35,27 +34,27 @@ impl Graph {
         inputs: &[NodeId],
         dims: &[usize],
         dtype: DType,
-        attrs: &[usize],
         location: &'static Location<'static>,
     ) -> crate::error::Result<Tensor<'_>> {
+        let info = op.info();
         let mut requires = false;
         if self.is_grad_enabled() && dtype.is_float() {
             let state = self.state.borrow();
             requires = inputs.iter().enumerate().any(|(i, &input)| {
-                state.nodes[input as usize].flags & flags::REQUIRES_GRAD != 0 && rules::differentiable_input(&op, i)
+                state.nodes[input as usize].flags & flags::REQUIRES_GRAD != 0 && info.differentiable_input(i)
             });
         }
-        let id =
-            self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, attrs, location)?;
+        let id = self.push_node(op, inputs, dims, dtype, if requires { flags::REQUIRES_GRAD } else { 0 }, location)?;
         if requires {
-            let saved = rules::saved_values(&op);
+            let saved = info.saved;
+            let mut state = self.state.borrow_mut();
             for (i, &input) in inputs.iter().enumerate() {
                 if saved.inputs & (1 << i) != 0 {
-                    self.set_flag(input, flags::SAVED);
+                    state.nodes[input as usize].flags |= flags::SAVED;
                 }
             }
             if saved.output {
-                self.set_flag(id, flags::SAVED);
+                state.nodes[id as usize].flags |= flags::SAVED;
             }
         }
         Ok(self.tensor(id))

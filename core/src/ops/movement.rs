@@ -8,7 +8,7 @@ use super::same_graph;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{check_rank, Tensor};
-use crate::op::{AttrRange, Op};
+use crate::op::{Op, Perm, SliceAttr};
 use crate::shape::{broadcast_shapes, checked_numel, checked_sum, fmt_dims, numel, Dims};
 
 /// The range taken along one axis: `start..end` every `step` elements.
@@ -37,29 +37,37 @@ impl SliceSpec {
     }
 }
 
-const NO_ATTRS: AttrRange = AttrRange { start: 0, len: 0 };
-
-/// Per-axis (start, end, step) triples for `dims`, clamped and validated.
+/// The per-axis start and step of `specs` over `dims`, clamped and
+/// validated, and the sliced dims.
 #[track_caller]
-fn slice_attrs(op: &'static str, dims: &[usize], specs: &[SliceSpec]) -> Result<(Vec<usize>, Dims)> {
+fn slice_attrs(op: &'static str, dims: &[usize], specs: &[SliceSpec]) -> Result<(SliceAttr, Dims)> {
     if specs.len() > dims.len() {
         return Err(Error::shape(
             op,
             format!("{} slice ranges given for a tensor of shape {}", specs.len(), fmt_dims(dims)),
         ));
     }
-    let mut attrs = Vec::with_capacity(3 * dims.len());
+    let mut axes: Dims = Dims::new();
     let mut out = Dims::new();
     for (axis, &dim) in dims.iter().enumerate() {
         let spec = specs.get(axis).copied().unwrap_or_else(SliceSpec::all);
         if spec.step == 0 {
             return Err(Error::invalid(op, format!("step of axis {axis} is 0; steps must be >= 1")));
         }
-        let clamped = SliceSpec { start: spec.start.min(dim), end: spec.end.min(dim), step: spec.step };
-        attrs.extend_from_slice(&[clamped.start, clamped.end, clamped.step]);
+        // A step past the end takes one element whatever its size: clamping
+        // it keeps the attribute small without changing the result.
+        let clamped = SliceSpec { start: spec.start.min(dim), end: spec.end.min(dim), step: spec.step.min(dim.max(1)) };
+        axes.push(clamped.start);
+        axes.push(clamped.step);
         out.push(clamped.len());
     }
-    Ok((attrs, out))
+    match SliceAttr::new(axes.chunks(2).map(|c| (c[0], c[1]))) {
+        Some(attr) => Ok((attr, out)),
+        None => Err(Error::unsupported(
+            op,
+            format!("slicing {} needs positions beyond 2^32 - 1, which kiln does not support", fmt_dims(dims)),
+        )),
+    }
 }
 
 impl<'g> Tensor<'g> {
@@ -113,24 +121,23 @@ impl<'g> Tensor<'g> {
                 format!("cannot reshape {} ({numel} elements) into {asked} ({known} elements)", fmt_dims(&from)),
             ));
         }
-        self.graph.record(Op::Reshape, &[self.id], &out, self.dtype(), &[], Location::caller())
+        self.graph.record(Op::Reshape, &[self.id], &out, self.dtype(), Location::caller())
     }
 
     /// Reorder axes: output axis i is input axis `perm[i]`.
     #[track_caller]
     pub fn permute(self, perm: &[usize]) -> Result<Tensor<'g>> {
         let dims = self.dims();
-        let mut seen = vec![false; dims.len()];
-        let valid =
-            perm.len() == dims.len() && perm.iter().all(|&p| p < dims.len() && !std::mem::replace(&mut seen[p], true));
-        if !valid {
+        let checked = Perm::new(perm).filter(|p| p.rank() == dims.len());
+        let Some(checked) = checked else {
             return Err(Error::invalid(
                 "Permute",
                 format!("{perm:?} is not a permutation of the {} axes of {}", dims.len(), fmt_dims(&dims)),
             ));
-        }
+        };
         let out: Dims = perm.iter().map(|&p| dims[p]).collect();
-        self.graph.record(Op::Permute(NO_ATTRS), &[self.id], &out, self.dtype(), perm, Location::caller())
+        let perm = checked;
+        self.graph.record(Op::Permute(perm), &[self.id], &out, self.dtype(), Location::caller())
     }
 
     /// Swap two axes.
@@ -154,14 +161,14 @@ impl<'g> Tensor<'g> {
             }
         }
         check_rank("Expand", dims)?;
-        self.graph.record(Op::Expand, &[self.id], dims, self.dtype(), &[], Location::caller())
+        self.graph.record(Op::Expand, &[self.id], dims, self.dtype(), Location::caller())
     }
 
     /// Take `specs[i]` along axis i (missing trailing axes are taken whole).
     #[track_caller]
     pub fn slice(self, specs: &[SliceSpec]) -> Result<Tensor<'g>> {
-        let (attrs, out) = slice_attrs("Slice", &self.dims(), specs)?;
-        self.graph.record(Op::Slice(NO_ATTRS), &[self.id], &out, self.dtype(), &attrs, Location::caller())
+        let (attr, out) = slice_attrs("Slice", &self.dims(), specs)?;
+        self.graph.record(Op::Slice(attr), &[self.id], &out, self.dtype(), Location::caller())
     }
 
     /// Slice one axis.
@@ -178,7 +185,7 @@ impl<'g> Tensor<'g> {
     /// written at the positions `specs` select from it.
     #[track_caller]
     pub fn slice_backward(self, dims: &[usize], specs: &[SliceSpec]) -> Result<Tensor<'g>> {
-        let (attrs, sliced) = slice_attrs("SliceBackward", dims, specs)?;
+        let (attr, sliced) = slice_attrs("SliceBackward", dims, specs)?;
         if sliced != self.dims() {
             return Err(Error::shape(
                 "SliceBackward",
@@ -190,7 +197,23 @@ impl<'g> Tensor<'g> {
                 ),
             ));
         }
-        self.graph.record(Op::SliceBackward(NO_ATTRS), &[self.id], dims, self.dtype(), &attrs, Location::caller())
+        self.graph.record(Op::SliceBackward(attr), &[self.id], dims, self.dtype(), Location::caller())
+    }
+
+    /// Slice with a validated attribute taking `counts` elements per axis
+    /// (the gradient rules' way back from SliceBackward).
+    #[track_caller]
+    pub(crate) fn slice_attr(self, attr: SliceAttr, counts: &[usize]) -> Result<Tensor<'g>> {
+        crate::backend::checks::slice_view("Slice", &attr, &self.dims(), counts)?;
+        self.graph.record(Op::Slice(attr), &[self.id], counts, self.dtype(), Location::caller())
+    }
+
+    /// SliceBackward into `dims` with a validated attribute (the gradient
+    /// rule of Slice).
+    #[track_caller]
+    pub(crate) fn slice_backward_attr(self, dims: &[usize], attr: SliceAttr) -> Result<Tensor<'g>> {
+        crate::backend::checks::slice_view("SliceBackward", &attr, dims, &self.dims())?;
+        self.graph.record(Op::SliceBackward(attr), &[self.id], dims, self.dtype(), Location::caller())
     }
 
     /// Join tensors along `axis`; all other dimensions must agree.
@@ -224,7 +247,7 @@ impl<'g> Tensor<'g> {
         out[axis] =
             checked_sum("Concat", || format!("the lengths {lengths:?} along axis {axis}"), lengths.iter().copied())?;
         let ids: Vec<_> = tensors.iter().map(|t| t.id).collect();
-        first.graph.record(Op::Concat { axis: axis as u8 }, &ids, &out, first.dtype(), &[], Location::caller())
+        first.graph.record(Op::Concat { axis: axis as u8 }, &ids, &out, first.dtype(), Location::caller())
     }
 
     /// Gather slices along `axis` at the positions in `index` (1-D i32).
@@ -242,7 +265,6 @@ impl<'g> Tensor<'g> {
             &[self.id, index.id],
             &out,
             self.dtype(),
-            &[],
             Location::caller(),
         )
     }
@@ -277,7 +299,6 @@ impl<'g> Tensor<'g> {
             &[self.id, index.id, source.id],
             &dims,
             self.dtype(),
-            &[],
             Location::caller(),
         )
     }

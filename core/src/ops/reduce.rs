@@ -83,6 +83,6 @@ impl<'g> Tensor<'g> {
         }
         let out_dims = reduced_dims(&dims, axes, keepdim);
         let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { DType::I32 } else { dtype };
-        self.graph.record(Op::Reduce { op, axes, keepdim }, &[self.id], &out_dims, out_dtype, &[], Location::caller())
+        self.graph.record(Op::Reduce { op, axes, keepdim }, &[self.id], &out_dims, out_dtype, Location::caller())
     }
 }

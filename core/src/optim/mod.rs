@@ -16,22 +16,30 @@ use crate::param::Param;
 /// What every optimizer offers.
 pub trait Optimizer {
     /// Update every parameter that has a gradient, then bump its version.
+    /// Errors point at the caller's line (here and below, `#[track_caller]`
+    /// on the declaration applies to every implementation).
+    #[track_caller]
     fn step(&mut self) -> Result<()>;
     /// Drop the gradients of every parameter this optimizer updates.
     fn zero_grad(&self);
     /// The learning rate of the first parameter group.
     fn learning_rate(&self) -> f64;
-    /// Set every parameter group's learning rate.
-    fn set_learning_rate(&mut self, lr: f64);
+    /// Set every parameter group's learning rate: finite and >= 0, else an
+    /// error and no change.
+    #[track_caller]
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()>;
     /// Each parameter group's learning rate, in group order.
     fn group_learning_rates(&self) -> Vec<f64> {
         vec![self.learning_rate()]
     }
     /// Set each group's learning rate (one value per group; schedulers use
-    /// this so that groups keep their ratios).
-    fn set_group_learning_rates(&mut self, lrs: &[f64]) {
-        if let Some(&lr) = lrs.first() {
-            self.set_learning_rate(lr);
+    /// this so that groups keep their ratios). Each finite and >= 0, else an
+    /// error and no change.
+    #[track_caller]
+    fn set_group_learning_rates(&mut self, lrs: &[f64]) -> Result<()> {
+        match lrs.first() {
+            Some(&lr) => self.set_learning_rate(lr),
+            None => Ok(()),
         }
     }
 }
@@ -118,8 +126,8 @@ struct StateBuffers {
 impl StateBuffers {
     fn new(param: &Param, count: usize) -> Result<StateBuffers> {
         let zeros = match param.dtype() {
-            DType::F32 => HostData::F32(vec![0.0; param.numel()]),
-            DType::F64 => HostData::F64(vec![0.0; param.numel()]),
+            DType::F32 => HostData::F32(crate::memory::try_vec("optimizer", param.numel(), 0.0)?),
+            DType::F64 => HostData::F64(crate::memory::try_vec("optimizer", param.numel(), 0.0)?),
             other => return Err(Error::dtype("optimizer", format!("cannot optimise a {other} parameter"))),
         };
         let mut buffers = Vec::with_capacity(count);
@@ -307,14 +315,20 @@ impl Optimizer for Sgd {
     fn learning_rate(&self) -> f64 {
         self.groups.first().map_or(0.0, |g| g.lr)
     }
-    fn set_learning_rate(&mut self, lr: f64) {
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
+        check_hyper("set_learning_rate", "lr", lr, lr >= 0.0)?;
         self.groups.iter_mut().for_each(|g| g.lr = lr);
+        Ok(())
     }
     fn group_learning_rates(&self) -> Vec<f64> {
         self.groups.iter().map(|g| g.lr).collect()
     }
-    fn set_group_learning_rates(&mut self, lrs: &[f64]) {
+    fn set_group_learning_rates(&mut self, lrs: &[f64]) -> Result<()> {
+        for &lr in lrs {
+            check_hyper("set_group_learning_rates", "lr", lr, lr >= 0.0)?;
+        }
         self.groups.iter_mut().zip(lrs).for_each(|(g, &lr)| g.lr = lr);
+        Ok(())
     }
 }
 
@@ -415,14 +429,20 @@ impl Optimizer for Adam {
     fn learning_rate(&self) -> f64 {
         self.groups.first().map_or(0.0, |g| g.lr)
     }
-    fn set_learning_rate(&mut self, lr: f64) {
+    fn set_learning_rate(&mut self, lr: f64) -> Result<()> {
+        check_hyper("set_learning_rate", "lr", lr, lr >= 0.0)?;
         self.groups.iter_mut().for_each(|g| g.lr = lr);
+        Ok(())
     }
     fn group_learning_rates(&self) -> Vec<f64> {
         self.groups.iter().map(|g| g.lr).collect()
     }
-    fn set_group_learning_rates(&mut self, lrs: &[f64]) {
+    fn set_group_learning_rates(&mut self, lrs: &[f64]) -> Result<()> {
+        for &lr in lrs {
+            check_hyper("set_group_learning_rates", "lr", lr, lr >= 0.0)?;
+        }
         self.groups.iter_mut().zip(lrs).for_each(|(g, &lr)| g.lr = lr);
+        Ok(())
     }
 }
 

@@ -167,7 +167,10 @@ impl LrScheduler {
     fn apply(&self, optimizer: &mut dyn Optimizer) {
         let f = self.schedule.factor(self.step);
         let lrs: Vec<f64> = self.base_lrs.iter().map(|lr| lr * f).collect();
-        optimizer.set_group_learning_rates(&lrs);
+        // Base rates and factors are checked finite and >= 0 when the
+        // scheduler is built or loaded; a product that still overflows is
+        // refused by the optimizer, which then keeps its current rates.
+        let _ = optimizer.set_group_learning_rates(&lrs);
     }
 
     /// Advance one step and set the optimizer's learning rates.

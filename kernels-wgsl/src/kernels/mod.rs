@@ -41,10 +41,10 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
             matmul::matmul(be, transpose_a, transpose_b, arity::<2>(name, ins)?, out)
         }
         Op::Reshape => movement::reshape(be, arity::<1>(name, ins)?, out),
-        Op::Permute(_) => movement::permute(be, call.attrs, arity::<1>(name, ins)?, out),
+        Op::Permute(perm) => movement::permute(be, &perm, arity::<1>(name, ins)?, out),
         Op::Expand => movement::expand(be, arity::<1>(name, ins)?, out),
-        Op::Slice(_) => movement::slice(be, call.attrs, arity::<1>(name, ins)?, out),
-        Op::SliceBackward(_) => movement::slice_backward(be, call.attrs, arity::<1>(name, ins)?, out),
+        Op::Slice(attr) => movement::slice(be, &attr, arity::<1>(name, ins)?, out),
+        Op::SliceBackward(attr) => movement::slice_backward(be, &attr, arity::<1>(name, ins)?, out),
         Op::Concat { axis } => movement::concat(be, axis as usize, ins, out),
         Op::IndexSelect { axis } => index::index_select(be, axis as usize, arity::<2>(name, ins)?, out),
         Op::ScatterAdd { axis } => index::scatter_add(be, axis as usize, arity::<3>(name, ins)?, out),

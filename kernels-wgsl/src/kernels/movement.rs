@@ -2,6 +2,7 @@
 //! Slice, SliceBackward and Concat; Reshape is a buffer copy.
 
 use kiln_core::backend::{checks, TensorRef};
+use kiln_core::op::{Perm, SliceAttr};
 use kiln_core::shape::fmt_dims;
 use kiln_core::{Error, Result};
 
@@ -46,7 +47,7 @@ pub(crate) fn reshape(be: &WgpuBackend, [x]: &[TensorRef<'_>; 1], out: &TensorRe
     be.record_copy(OP, x.buffer, out.buffer, out.numel())
 }
 
-pub(crate) fn permute(be: &WgpuBackend, perm: &[usize], [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
+pub(crate) fn permute(be: &WgpuBackend, perm: &Perm, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
     const OP: &str = "Permute";
     let strides = checks::permute_strides(perm, x.dims, out.dims)?;
     gather(be, OP, x, 0, &strides, out)
@@ -57,7 +58,7 @@ pub(crate) fn expand(be: &WgpuBackend, [x]: &[TensorRef<'_>; 1], out: &TensorRef
     gather(be, "Expand", x, 0, &strides, out)
 }
 
-pub(crate) fn slice(be: &WgpuBackend, spec: &[usize], [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
+pub(crate) fn slice(be: &WgpuBackend, spec: &SliceAttr, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
     const OP: &str = "Slice";
     let (base, strides) = checks::slice_view(OP, spec, x.dims, out.dims)?;
     if out.numel() == 0 {
@@ -68,7 +69,7 @@ pub(crate) fn slice(be: &WgpuBackend, spec: &[usize], [x]: &[TensorRef<'_>; 1], 
 
 pub(crate) fn slice_backward(
     be: &WgpuBackend,
-    spec: &[usize],
+    spec: &SliceAttr,
     [g]: &[TensorRef<'_>; 1],
     out: &TensorRef<'_>,
 ) -> Result<()> {

@@ -107,3 +107,29 @@ fn f32_to_bool(x: f32) -> u32 {
 fn i32_to_bool(x: i32) -> u32 {
     return select(0u, 1u, x != 0);
 }
+
+// ln(1 + f) + k·ln 2 for f in [sqrt(2)/2 - 1, sqrt(2) - 1] (musl's logf
+// kernel, < 1 ulp): ln_f32's core, and log1p's for small arguments.
+fn ln_kernel(f: f32, dk: f32) -> f32 {
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let w = z * z;
+    let t1 = w * (0.40000972151756287 + w * 0.24279078841209412);
+    let t2 = z * (0.66666662693023682 + w * 0.28498786687850952);
+    let r = t2 + t1;
+    let hfsq = 0.5 * f * f;
+    // ln 2 split in a head with few bits (dk · head is exact) and a tail.
+    return s * (hfsq + r) + dk * 9.0580006144591607e-6 - hfsq + f + dk * 0.69313812255859375;
+}
+
+// Natural logarithm of a positive normal f32 (musl's logf, < 1 ulp). The
+// builtin `log` is not enough where it matters: Vulkan allows 2^-21
+// absolute error near 1.
+fn ln_f32(v: f32) -> f32 {
+    var ix = bitcast<u32>(v);
+    // Reduce to x in [sqrt(2)/2, sqrt(2)) times 2^k.
+    ix += 0x3f800000u - 0x3f3504f3u;
+    let k = i32(ix >> 23u) - 0x7f;
+    ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+    return ln_kernel(bitcast<f32>(ix) - 1.0, f32(k));
+}

@@ -42,26 +42,6 @@ fn uniform01(i: u32) -> f32 {
     return f32(bits(i) >> 8u) * 5.9604644775390625e-8;
 }
 
-// Natural logarithm of a positive normal f32 (musl's logf, < 1 ulp).
-fn ln_f32(v: f32) -> f32 {
-    var ix = bitcast<u32>(v);
-    // Reduce to x in [sqrt(2)/2, sqrt(2)) times 2^k.
-    ix += 0x3f800000u - 0x3f3504f3u;
-    let k = i32(ix >> 23u) - 0x7f;
-    ix = (ix & 0x007fffffu) + 0x3f3504f3u;
-    let f = bitcast<f32>(ix) - 1.0;
-    let s = f / (2.0 + f);
-    let z = s * s;
-    let w = z * z;
-    let t1 = w * (0.40000972151756287 + w * 0.24279078841209412);
-    let t2 = z * (0.66666662693023682 + w * 0.28498786687850952);
-    let r = t2 + t1;
-    let hfsq = 0.5 * f * f;
-    let dk = f32(k);
-    // ln 2 split in a head with few bits (dk · head is exact) and a tail.
-    return s * (hfsq + r) + dk * 9.0580006144591607e-6 - hfsq + f + dk * 0.69313812255859375;
-}
-
 // cos of t in [0, 2π] (here 2π · u2): Cody–Waite reduction by π/2 (the
 // quotient q <= 4, so q times each head is exact), then Cephes' sinf/cosf
 // polynomials on [-π/4, π/4].

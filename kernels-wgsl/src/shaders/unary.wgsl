@@ -197,6 +197,39 @@ fn op_erfc(v: f32) -> f32 {
     return select(0.0, 2.0, neg);
 }
 
+// ln(1 + v): near 0 the logf kernel applied to v itself (no rounding of
+// 1 + v, no reliance on cancellation the driver might simplify away);
+// elsewhere ln(1 + v), whose rounding is then harmless.
+fn op_log1p(v: f32) -> f32 {
+    if (is_nan(v) || bitcast<u32>(v) == 0x7f800000u) {
+        return v;
+    }
+    if (v <= -1.0) {
+        // -inf at -1, NaN below; through runtime values (see binary.wgsl's pow_f).
+        let minus_infinity_bits = 0xff800000u;
+        let nan_bits = 0x7fc00000u;
+        return bitcast<f32>(select(nan_bits, minus_infinity_bits, v == -1.0));
+    }
+    if (v > -0.29289321 && v < 0.41421356) {
+        return ln_kernel(v, 0.0);
+    }
+    return ln_f32(1.0 + v);
+}
+
+// exp(v) - 1: for |v| < 1/2 Kahan's (u - 1) · v / ln(u) with u = exp(v),
+// whose value does not depend on the rounding of u to first order; beyond,
+// exp(v) - 1 directly (no cancellation left). NaN takes the second path.
+fn op_expm1(v: f32) -> f32 {
+    if (abs(v) < 0.5) {
+        let u = exp(v);
+        if (u == 1.0) {
+            return v;
+        }
+        return (u - 1.0) * (v / ln_f32(u));
+    }
+    return exp(v) - 1.0;
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {

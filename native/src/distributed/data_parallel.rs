@@ -359,7 +359,7 @@ impl DataParallel {
                 .collect();
             optimizer.write_state(&restored)?;
             optimizer.set_step_count(header[0] as u64);
-            optimizer.set_learning_rate(header[1]);
+            optimizer.set_learning_rate(header[1])?;
         }
         Ok(())
     }

@@ -2,14 +2,17 @@
 //!
 //! One generic kernel per family (`map`, `zip`, `zip3`), monomorphised per
 //! operator by passing the operator as a closure chosen outside the loop, so
-//! every inner loop is a tight, vectorisable loop over one operator.
+//! every inner loop is a tight, vectorisable loop over one operator. What
+//! each operator computes per element is the op table's expression
+//! (`Op::info().elementwise`), evaluated by `op::Value`.
 
 use super::layout::{broadcast_to, for_chunks, for_chunks_weighted, Strided};
-use super::scalar::{Float, Num, Scalar};
-use super::{unsupported_dtype, with_any, with_float, In, Out};
+use super::scalar::Scalar;
+use super::{unsupported_dtype, with_any, with_num, In, Out};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::op::{BinaryOp, CompareOp, UnaryOp};
+use crate::op::expr::compare as compare_values;
+use crate::op::{BinaryOp, CompareOp, Elementwise, Expr, Op, UnaryOp, Value};
 
 pub(super) fn full(v: f64, out: &mut Out<'_>) -> Result<()> {
     with_any!(out.dtype, T => {
@@ -30,9 +33,6 @@ pub(super) fn arange(start: f64, step: f64, out: &mut Out<'_>) -> Result<()> {
     })
 }
 
-/// Work weight (see `PAR_THRESHOLD`) of an element of a transcendental op.
-const DEAR: usize = 16;
-
 /// out[i] = f(x[i]) over contiguous data of equal length; `weight` is the
 /// cost of one f relative to an add.
 #[inline]
@@ -46,47 +46,82 @@ fn map<T: Scalar, O: Scalar>(x: &[T], out: &mut [O], weight: usize, f: impl Fn(T
     });
 }
 
+/// Run `$body` with `$U` bound to a *constant* equal to the unary op `$u`,
+/// so that `Value::unary($U, v)` is resolved at compile time and every
+/// primitive gets its own tight loop. Exhaustive: a new op is a compile
+/// error here until listed.
+macro_rules! with_unary {
+    ($u:expr, $U:ident => $body:expr) => {
+        with_unary!(@arms $u, $U => $body; Neg Abs Exp Log Sqrt Recip Sin Cos Tanh Sigmoid Relu Erf Erfc Sign Log1p Expm1)
+    };
+    (@arms $u:expr, $U:ident => $body:expr; $($v:ident)*) => {
+        match $u {
+            $(UnaryOp::$v => {
+                const $U: UnaryOp = UnaryOp::$v;
+                $body
+            })*
+        }
+    };
+}
+
+/// As `with_unary!`, for binary ops.
+macro_rules! with_binary {
+    ($b:expr, $B:ident => $body:expr) => {
+        with_binary!(@arms $b, $B => $body; Add Sub Mul Div Pow Maximum Minimum)
+    };
+    (@arms $b:expr, $B:ident => $body:expr; $($v:ident)*) => {
+        match $b {
+            $(BinaryOp::$v => {
+                const $B: BinaryOp = BinaryOp::$v;
+                $body
+            })*
+        }
+    };
+}
+
+/// As `with_unary!`, for comparisons.
+macro_rules! with_compare {
+    ($c:expr, $C:ident => $body:expr) => {
+        with_compare!(@arms $c, $C => $body; Equal NotEqual Less LessEqual Greater GreaterEqual)
+    };
+    (@arms $c:expr, $C:ident => $body:expr; $($v:ident)*) => {
+        match $c {
+            $(CompareOp::$v => {
+                const $C: CompareOp = CompareOp::$v;
+                $body
+            })*
+        }
+    };
+}
+
+/// The element-wise facts of `op` from the op table, after checking that a
+/// kernel exists for `dtype`.
+fn elementwise(op: Op, dtype: DType) -> Result<Elementwise> {
+    let info = op.info();
+    match info.elementwise {
+        Some(e) if info.dtypes.contains(dtype) => Ok(e),
+        _ => Err(unsupported_dtype(info.name, dtype)),
+    }
+}
+
+/// Unary ops: the table's expression of the op, `f(x)` with f the op's own
+/// primitive (a dedicated loop per op), or a composition (evaluated
+/// generically).
 pub(super) fn unary(u: UnaryOp, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Unary";
     if x.numel() != out.numel() || x.dtype != out.dtype {
         return Err(crate::error::Error::backend(u.name(), "input and output differ in size or dtype"));
     }
-    match out.dtype {
-        DType::I32 => {
-            let (x, o) = (x.slice::<i32>(OP)?, out.slice::<i32>(OP)?);
-            match u {
-                UnaryOp::Neg => map(x, o, 1, Num::neg),
-                UnaryOp::Abs => map(x, o, 1, Num::abs),
-                UnaryOp::Relu => map(x, o, 1, Num::relu),
-                UnaryOp::Sign => map(x, o, 1, Num::sign),
-                _ => return Err(unsupported_dtype(u.name(), DType::I32)),
-            }
-            Ok(())
+    let e = elementwise(Op::Unary(u), out.dtype)?;
+    let weight = e.cost as usize;
+    with_num!(out.dtype, u.name(), T => {
+        let (x, o) = (x.slice::<T>(OP)?, out.slice::<T>(OP)?);
+        match e.expr {
+            Expr::Unary(f, &Expr::Arg(0)) => with_unary!(f, F => map(x, o, weight, |v| T::unary(F, v))),
+            expr => map(x, o, weight, move |v| expr.eval(&[v])),
         }
-        d => with_float!(d, u.name(), T => {
-            unary_float::<T>(u, x.slice::<T>(OP)?, out.slice::<T>(OP)?);
-            Ok(())
-        }),
-    }
-}
-
-fn unary_float<T: Float>(u: UnaryOp, x: &[T], o: &mut [T]) {
-    match u {
-        UnaryOp::Neg => map(x, o, 1, Num::neg),
-        UnaryOp::Abs => map(x, o, 1, Num::abs),
-        UnaryOp::Exp => map(x, o, DEAR, Float::exp),
-        UnaryOp::Log => map(x, o, DEAR, Float::ln),
-        UnaryOp::Sqrt => map(x, o, 1, Float::sqrt),
-        UnaryOp::Recip => map(x, o, 1, Float::recip),
-        UnaryOp::Sin => map(x, o, DEAR, Float::sin),
-        UnaryOp::Cos => map(x, o, DEAR, Float::cos),
-        UnaryOp::Tanh => map(x, o, DEAR, Float::tanh),
-        UnaryOp::Sigmoid => map(x, o, DEAR, Float::sigmoid),
-        UnaryOp::Relu => map(x, o, 1, Num::relu),
-        UnaryOp::Erf => map(x, o, DEAR, Float::erf),
-        UnaryOp::Erfc => map(x, o, DEAR, Float::erfc),
-        UnaryOp::Sign => map(x, o, 1, Num::sign),
-    }
+        Ok(())
+    })
 }
 
 /// out = f(a, b) with a and b broadcast to the output dims.
@@ -155,39 +190,29 @@ fn zip<A: Scalar, B: Scalar, O: Scalar>(
     Ok(())
 }
 
+/// Binary ops, broadcasting: `f(a, b)` with f the op's own primitive, or a
+/// composition, as the op table says.
 pub(super) fn binary(op: BinaryOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
     let name = op.name();
     if a.dtype != out.dtype || b.dtype != out.dtype {
         return Err(crate::error::Error::backend(name, "operand dtypes differ from the output's"));
     }
+    let e = elementwise(Op::Binary(op), out.dtype)?;
+    let weight = e.cost as usize;
     let od = out.dims;
-    match out.dtype {
-        DType::I32 => binary_num::<i32>(op, a, b, od, out.slice::<i32>(name)?),
-        d => with_float!(d, name, T => {
-            let (x, y) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims));
-            let o = (out.slice::<T>(name)?, od);
-            match op {
-                BinaryOp::Div => zip(name, x, y, o, 1, |p: T, q: T| p / q),
-                BinaryOp::Pow => zip(name, x, y, o, DEAR, Float::powf),
-                _ => binary_num::<T>(op, a, b, od, o.0),
+    with_num!(out.dtype, name, T => {
+        let (x, y) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims));
+        let o = (out.slice::<T>(name)?, od);
+        match e.expr {
+            Expr::Binary(f, &Expr::Arg(0), &Expr::Arg(1)) => {
+                with_binary!(f, F => zip(name, x, y, o, weight, |p: T, q: T| T::binary(F, p, q)))
             }
-        }),
-    }
+            expr => zip(name, x, y, o, weight, move |p: T, q: T| expr.eval(&[p, q])),
+        }
+    })
 }
 
-fn binary_num<T: Num>(op: BinaryOp, a: &In<'_>, b: &In<'_>, od: &[usize], o: &mut [T]) -> Result<()> {
-    let name = op.name();
-    let (x, y, o) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims), (o, od));
-    match op {
-        BinaryOp::Add => zip(name, x, y, o, 1, Num::add),
-        BinaryOp::Sub => zip(name, x, y, o, 1, Num::sub),
-        BinaryOp::Mul => zip(name, x, y, o, 1, Num::mul),
-        BinaryOp::Maximum => zip(name, x, y, o, 1, Num::max),
-        BinaryOp::Minimum => zip(name, x, y, o, 1, Num::min),
-        BinaryOp::Div | BinaryOp::Pow => Err(unsupported_dtype(name, T::DTYPE)),
-    }
-}
-
+/// Comparisons of any two operands of one dtype: a bool output.
 pub(super) fn compare(op: CompareOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
     let name = op.name();
     if a.dtype != b.dtype || out.dtype != DType::Bool {
@@ -197,15 +222,7 @@ pub(super) fn compare(op: CompareOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) ->
     let o = out.slice::<u8>(name)?;
     with_any!(a.dtype, T => {
         let (x, y) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims));
-        let o = (o, od);
-        match op {
-            CompareOp::Equal => zip(name, x, y, o, 1, |p: T, q: T| (p == q) as u8),
-            CompareOp::NotEqual => zip(name, x, y, o, 1, |p: T, q: T| (p != q) as u8),
-            CompareOp::Less => zip(name, x, y, o, 1, |p: T, q: T| (p < q) as u8),
-            CompareOp::LessEqual => zip(name, x, y, o, 1, |p: T, q: T| (p <= q) as u8),
-            CompareOp::Greater => zip(name, x, y, o, 1, |p: T, q: T| (p > q) as u8),
-            CompareOp::GreaterEqual => zip(name, x, y, o, 1, |p: T, q: T| (p >= q) as u8),
-        }
+        with_compare!(op, C => zip(name, x, y, (o, od), 1, |p: T, q: T| compare_values(C, p, q) as u8))
     })
 }
 
@@ -294,16 +311,16 @@ mod tests {
 
     #[test]
     fn full_and_arange() {
-        assert_eq!(run_op(Op::Full(2.5), &[], &[], &[2, 2], DType::F32).unwrap(), f32s(&[2.5; 4]));
-        assert_eq!(run_op(Op::Full(2.0), &[], &[], &[3], DType::Bool).unwrap(), bools(&[true; 3]));
-        assert_eq!(run_op(Op::Full(-2.7), &[], &[], &[1], DType::I32).unwrap(), i32s(&[-2]));
-        let a = run_op(Op::Arange { start: 1.0, step: 0.5 }, &[], &[], &[4], DType::F64).unwrap();
+        assert_eq!(run_op(Op::Full(2.5), &[], &[2, 2], DType::F32).unwrap(), f32s(&[2.5; 4]));
+        assert_eq!(run_op(Op::Full(2.0), &[], &[3], DType::Bool).unwrap(), bools(&[true; 3]));
+        assert_eq!(run_op(Op::Full(-2.7), &[], &[1], DType::I32).unwrap(), i32s(&[-2]));
+        let a = run_op(Op::Arange { start: 1.0, step: 0.5 }, &[], &[4], DType::F64).unwrap();
         assert_eq!(a, f64s(&[1.0, 1.5, 2.0, 2.5]));
-        let a = run_op(Op::Arange { start: -1.0, step: -0.75 }, &[], &[], &[4], DType::I32).unwrap();
+        let a = run_op(Op::Arange { start: -1.0, step: -0.75 }, &[], &[4], DType::I32).unwrap();
         assert_eq!(a, i32s(&[-1, -1, -2, -3]), "rounds toward zero");
         // Large enough to go parallel.
         let n = 300_000;
-        let a = run_op(Op::Arange { start: 0.0, step: 1.0 }, &[], &[], &[n], DType::F32).unwrap();
+        let a = run_op(Op::Arange { start: 0.0, step: 1.0 }, &[], &[n], DType::F32).unwrap();
         assert_eq!(f(a), (0..n).map(|i| i as f64).collect::<Vec<_>>());
     }
 
@@ -333,7 +350,7 @@ mod tests {
             }),
         ];
         for (u, g) in cases {
-            let got = run_op(Op::Unary(u), &[], &[(f64s(&x), &[5])], &[5], DType::F64).unwrap();
+            let got = run_op(Op::Unary(u), &[(f64s(&x), &[5])], &[5], DType::F64).unwrap();
             let want: Vec<f64> = x.iter().map(|&v| g(v)).collect();
             let got = f(got);
             for (a, b) in got.iter().zip(&want) {
@@ -341,7 +358,7 @@ mod tests {
             }
         }
         let y = [0.25f32, 4.0];
-        let r = |u| run_op(Op::Unary(u), &[], &[(f32s(&y), &[2])], &[2], DType::F32).unwrap();
+        let r = |u| run_op(Op::Unary(u), &[(f32s(&y), &[2])], &[2], DType::F32).unwrap();
         assert_eq!(r(UnaryOp::Sqrt), f32s(&[0.5, 2.0]));
         assert_eq!(r(UnaryOp::Recip), f32s(&[4.0, 0.25]));
         assert_eq!(r(UnaryOp::Log), f32s(&[0.25f32.ln(), 4.0f32.ln()]));
@@ -351,19 +368,19 @@ mod tests {
     #[test]
     fn unary_special_values() {
         let x = f32s(&[f32::NAN, -1000.0, 1000.0]);
-        let s = run_op(Op::Unary(UnaryOp::Sigmoid), &[], &[(x.clone(), &[3])], &[3], DType::F32).unwrap();
+        let s = run_op(Op::Unary(UnaryOp::Sigmoid), &[(x.clone(), &[3])], &[3], DType::F32).unwrap();
         let s = f(s);
         assert!(s[0].is_nan() && s[1] == 0.0 && s[2] == 1.0);
-        let r = f(run_op(Op::Unary(UnaryOp::Relu), &[], &[(x.clone(), &[3])], &[3], DType::F32).unwrap());
+        let r = f(run_op(Op::Unary(UnaryOp::Relu), &[(x.clone(), &[3])], &[3], DType::F32).unwrap());
         assert!(r[0].is_nan() && r[1] == 0.0 && r[2] == 1000.0);
-        let r = f(run_op(Op::Unary(UnaryOp::Sign), &[], &[(x, &[3])], &[3], DType::F32).unwrap());
+        let r = f(run_op(Op::Unary(UnaryOp::Sign), &[(x, &[3])], &[3], DType::F32).unwrap());
         assert!(r[0].is_nan() && r[1] == -1.0 && r[2] == 1.0);
     }
 
     #[test]
     fn unary_i32() {
         let x = i32s(&[i32::MIN, -3, 0, 5]);
-        let r = |u| run_op(Op::Unary(u), &[], &[(x.clone(), &[4])], &[4], DType::I32);
+        let r = |u| run_op(Op::Unary(u), &[(x.clone(), &[4])], &[4], DType::I32);
         assert_eq!(r(UnaryOp::Neg).unwrap(), i32s(&[i32::MIN, 3, 0, -5]));
         assert_eq!(r(UnaryOp::Abs).unwrap(), i32s(&[i32::MIN, 3, 0, 5]));
         assert_eq!(r(UnaryOp::Relu).unwrap(), i32s(&[0, 0, 0, 5]));
@@ -377,51 +394,47 @@ mod tests {
         // [2,3] + [1,3]
         let a = f32s(&[1., 2., 3., 4., 5., 6.]);
         let b = f32s(&[10., 20., 30.]);
-        let r = run_op(add, &[], &[(a.clone(), &[2, 3]), (b.clone(), &[1, 3])], &[2, 3], DType::F32).unwrap();
+        let r = run_op(add, &[(a.clone(), &[2, 3]), (b.clone(), &[1, 3])], &[2, 3], DType::F32).unwrap();
         assert_eq!(r, f32s(&[11., 22., 33., 14., 25., 36.]));
         // [3] broadcast on the left.
-        let r =
-            run_op(Op::Binary(BinaryOp::Sub), &[], &[(b, &[3]), (a.clone(), &[2, 3])], &[2, 3], DType::F32).unwrap();
+        let r = run_op(Op::Binary(BinaryOp::Sub), &[(b, &[3]), (a.clone(), &[2, 3])], &[2, 3], DType::F32).unwrap();
         assert_eq!(r, f32s(&[9., 18., 27., 6., 15., 24.]));
         // scalar
-        let r =
-            run_op(Op::Binary(BinaryOp::Mul), &[], &[(a.clone(), &[2, 3]), (f32s(&[2.]), &[])], &[2, 3], DType::F32)
-                .unwrap();
+        let r = run_op(Op::Binary(BinaryOp::Mul), &[(a.clone(), &[2, 3]), (f32s(&[2.]), &[])], &[2, 3], DType::F32)
+            .unwrap();
         assert_eq!(r, f32s(&[2., 4., 6., 8., 10., 12.]));
-        let r =
-            run_op(Op::Binary(BinaryOp::Div), &[], &[(f32s(&[12.]), &[1]), (a, &[2, 3])], &[2, 3], DType::F32).unwrap();
+        let r = run_op(Op::Binary(BinaryOp::Div), &[(f32s(&[12.]), &[1]), (a, &[2, 3])], &[2, 3], DType::F32).unwrap();
         assert_eq!(r, f32s(&[12., 6., 4., 3., 2.4, 2.]));
         // [4,3,5] with [3,1]
         let x: Vec<f64> = (0..60).map(|i| i as f64).collect();
         let y = [100.0, 200.0, 300.0];
-        let r = run_op(add, &[], &[(f64s(&x), &[4, 3, 5]), (f64s(&y), &[3, 1])], &[4, 3, 5], DType::F64).unwrap();
+        let r = run_op(add, &[(f64s(&x), &[4, 3, 5]), (f64s(&y), &[3, 1])], &[4, 3, 5], DType::F64).unwrap();
         let want: Vec<f64> = (0..60).map(|i| i as f64 + y[(i / 5) % 3]).collect();
         assert_eq!(r, f64s(&want));
         // Both broadcast: [3,1] + [1,4] -> [3,4]; and [4,1,5] with [3,1] -> [4,3,5]
-        let r =
-            run_op(add, &[], &[(i32s(&[1, 2, 3]), &[3, 1]), (i32s(&[10, 20, 30, 40]), &[1, 4])], &[3, 4], DType::I32)
-                .unwrap();
+        let r = run_op(add, &[(i32s(&[1, 2, 3]), &[3, 1]), (i32s(&[10, 20, 30, 40]), &[1, 4])], &[3, 4], DType::I32)
+            .unwrap();
         assert_eq!(r, i32s(&[11, 21, 31, 41, 12, 22, 32, 42, 13, 23, 33, 43]));
         let x: Vec<f32> = (0..20).map(|i| i as f32).collect();
-        let r = run_op(add, &[], &[(f32s(&x), &[4, 1, 5]), (f32s(&[0., 100., 200.]), &[3, 1])], &[4, 3, 5], DType::F32)
-            .unwrap();
+        let r =
+            run_op(add, &[(f32s(&x), &[4, 1, 5]), (f32s(&[0., 100., 200.]), &[3, 1])], &[4, 3, 5], DType::F32).unwrap();
         let want: Vec<f64> = (0..60).map(|i| ((i / 15) * 5 + i % 5) as f64 + 100.0 * ((i / 5) % 3) as f64).collect();
         assert_eq!(f(r), want);
         // Large broadcast goes parallel and matches.
         let x = rand_f32(1100 * 257, 1);
         let y = rand_f32(257, 2);
-        let r = run_op(add, &[], &[(f32s(&x), &[1100, 257]), (f32s(&y), &[257])], &[1100, 257], DType::F32).unwrap();
+        let r = run_op(add, &[(f32s(&x), &[1100, 257]), (f32s(&y), &[257])], &[1100, 257], DType::F32).unwrap();
         let want: Vec<f32> = (0..x.len()).map(|i| x[i] + y[i % 257]).collect();
         assert_eq!(r, f32s(&want));
         // Shapes that do not broadcast are an error, not a panic.
-        assert!(run_op(add, &[], &[(f32s(&[1., 2.]), &[2]), (f32s(&[1., 2., 3.]), &[3])], &[3], DType::F32).is_err());
+        assert!(run_op(add, &[(f32s(&[1., 2.]), &[2]), (f32s(&[1., 2., 3.]), &[3])], &[3], DType::F32).is_err());
     }
 
     #[test]
     fn binary_ops_and_nan() {
         let a = f64s(&[1.0, f64::NAN, 3.0, -2.0]);
         let b = f64s(&[2.0, 1.0, f64::NAN, -2.0]);
-        let r = |op| f(run_op(Op::Binary(op), &[], &[(a.clone(), &[4]), (b.clone(), &[4])], &[4], DType::F64).unwrap());
+        let r = |op| f(run_op(Op::Binary(op), &[(a.clone(), &[4]), (b.clone(), &[4])], &[4], DType::F64).unwrap());
         let mx = r(BinaryOp::Maximum);
         assert!(mx[0] == 2.0 && mx[1].is_nan() && mx[2].is_nan() && mx[3] == -2.0);
         let mn = r(BinaryOp::Minimum);
@@ -431,7 +444,7 @@ mod tests {
         assert_eq!(p[3], 0.25);
         let ia = i32s(&[i32::MAX, 5, -7]);
         let ib = i32s(&[1, 9, 2]);
-        let r = |op| run_op(Op::Binary(op), &[], &[(ia.clone(), &[3]), (ib.clone(), &[3])], &[3], DType::I32);
+        let r = |op| run_op(Op::Binary(op), &[(ia.clone(), &[3]), (ib.clone(), &[3])], &[3], DType::I32);
         assert_eq!(r(BinaryOp::Add).unwrap(), i32s(&[i32::MIN, 14, -5]));
         assert_eq!(r(BinaryOp::Mul).unwrap(), i32s(&[i32::MAX, 45, -14]));
         assert_eq!(r(BinaryOp::Maximum).unwrap(), i32s(&[i32::MAX, 9, 2]));
@@ -443,7 +456,7 @@ mod tests {
     fn compare_where_cast() {
         let a = f32s(&[1.0, 2.0, f32::NAN]);
         let b = f32s(&[2.0]);
-        let r = |op| run_op(Op::Compare(op), &[], &[(a.clone(), &[3]), (b.clone(), &[1])], &[3], DType::Bool).unwrap();
+        let r = |op| run_op(Op::Compare(op), &[(a.clone(), &[3]), (b.clone(), &[1])], &[3], DType::Bool).unwrap();
         assert_eq!(r(CompareOp::Less), bools(&[true, false, false]));
         assert_eq!(r(CompareOp::LessEqual), bools(&[true, true, false]));
         assert_eq!(r(CompareOp::Equal), bools(&[false, true, false]));
@@ -452,7 +465,6 @@ mod tests {
         assert_eq!(r(CompareOp::GreaterEqual), bools(&[false, true, false]));
         let r = run_op(
             Op::Compare(CompareOp::Equal),
-            &[],
             &[(bools(&[true, false]), &[2, 1]), (bools(&[true, false]), &[2])],
             &[2, 2],
             DType::Bool,
@@ -463,7 +475,6 @@ mod tests {
         // where: cond [2,1], a [2,3], b scalar
         let r = run_op(
             Op::Where,
-            &[],
             &[(bools(&[true, false]), &[2, 1]), (i32s(&[1, 2, 3, 4, 5, 6]), &[2, 3]), (i32s(&[0]), &[])],
             &[2, 3],
             DType::I32,
@@ -472,7 +483,6 @@ mod tests {
         assert_eq!(r, i32s(&[1, 2, 3, 0, 0, 0]));
         let r = run_op(
             Op::Where,
-            &[],
             &[(bools(&[true, false, true]), &[3]), (f64s(&[1., 2., 3.]), &[3]), (f64s(&[7., 8., 9.]), &[3])],
             &[3],
             DType::F64,
@@ -481,15 +491,15 @@ mod tests {
         assert_eq!(r, f64s(&[1., 8., 3.]));
 
         let x = f32s(&[-1.7, 2.9, f32::NAN, 1e20, -1e20, 0.0]);
-        let r = run_op(Op::Cast(DType::I32), &[], &[(x.clone(), &[6])], &[6], DType::I32).unwrap();
+        let r = run_op(Op::Cast(DType::I32), &[(x.clone(), &[6])], &[6], DType::I32).unwrap();
         assert_eq!(r, i32s(&[-1, 2, 0, i32::MAX, i32::MIN, 0]));
-        let r = run_op(Op::Cast(DType::Bool), &[], &[(x, &[6])], &[6], DType::Bool).unwrap();
+        let r = run_op(Op::Cast(DType::Bool), &[(x, &[6])], &[6], DType::Bool).unwrap();
         assert_eq!(r, bools(&[true, true, true, true, true, false]));
-        let r = run_op(Op::Cast(DType::F64), &[], &[(bools(&[true, false]), &[2])], &[2], DType::F64).unwrap();
+        let r = run_op(Op::Cast(DType::F64), &[(bools(&[true, false]), &[2])], &[2], DType::F64).unwrap();
         assert_eq!(r, f64s(&[1.0, 0.0]));
-        let r = run_op(Op::Cast(DType::F32), &[], &[(i32s(&[16777217, -3]), &[2])], &[2], DType::F32).unwrap();
+        let r = run_op(Op::Cast(DType::F32), &[(i32s(&[16777217, -3]), &[2])], &[2], DType::F32).unwrap();
         assert_eq!(r, f32s(&[16777217i32 as f32, -3.0]));
-        let r = run_op(Op::Cast(DType::F32), &[], &[(f64s(&[0.1]), &[1])], &[1], DType::F32).unwrap();
+        let r = run_op(Op::Cast(DType::F32), &[(f64s(&[0.1]), &[1])], &[1], DType::F32).unwrap();
         assert_eq!(r, f32s(&[0.1f64 as f32]));
     }
 }

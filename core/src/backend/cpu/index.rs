@@ -123,35 +123,24 @@ mod tests {
         let x = f32s(&[1., 2., 3., 4., 5., 6.]); // [3, 2]
         let r = run_op(
             Op::IndexSelect { axis: 0 },
-            &[],
             &[(x.clone(), &[3, 2]), (i32s(&[2, 0, 2, 1]), &[4])],
             &[4, 2],
             DType::F32,
         )
         .unwrap();
         assert_eq!(r, f32s(&[5., 6., 1., 2., 5., 6., 3., 4.]));
-        let r = run_op(
-            Op::IndexSelect { axis: 1 },
-            &[],
-            &[(x.clone(), &[3, 2]), (i32s(&[1, 1, 0]), &[3])],
-            &[3, 3],
-            DType::F32,
-        )
-        .unwrap();
+        let r =
+            run_op(Op::IndexSelect { axis: 1 }, &[(x.clone(), &[3, 2]), (i32s(&[1, 1, 0]), &[3])], &[3, 3], DType::F32)
+                .unwrap();
         assert_eq!(r, f32s(&[2., 2., 1., 4., 4., 3., 6., 6., 5.]));
-        let e = run_op(
-            Op::IndexSelect { axis: 0 },
-            &[],
-            &[(x.clone(), &[3, 2]), (i32s(&[0, 3]), &[2])],
-            &[2, 2],
-            DType::F32,
-        )
-        .unwrap_err();
+        let e =
+            run_op(Op::IndexSelect { axis: 0 }, &[(x.clone(), &[3, 2]), (i32s(&[0, 3]), &[2])], &[2, 2], DType::F32)
+                .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::OutOfRange);
         assert_eq!(e.op(), "IndexSelect");
         assert!(e.message().contains("index 3 at position 1") && e.message().contains("axis 0 of size 3"), "{e}");
-        let e = run_op(Op::IndexSelect { axis: 1 }, &[], &[(x, &[3, 2]), (i32s(&[-1]), &[1])], &[3, 1], DType::F32)
-            .unwrap_err();
+        let e =
+            run_op(Op::IndexSelect { axis: 1 }, &[(x, &[3, 2]), (i32s(&[-1]), &[1])], &[3, 1], DType::F32).unwrap_err();
         assert!(e.message().contains("index -1 at position 0"), "{e}");
     }
 
@@ -161,7 +150,6 @@ mod tests {
         let src = f32s(&[10., 20., 30., 40., 50., 60., 70., 80.]); // [4, 2]
         let r = run_op(
             Op::ScatterAdd { axis: 0 },
-            &[],
             &[(dest.clone(), &[3, 2]), (i32s(&[2, 0, 2, 2]), &[4]), (src, &[4, 2])],
             &[3, 2],
             DType::F32,
@@ -171,7 +159,6 @@ mod tests {
         // axis 1, i32
         let r = run_op(
             Op::ScatterAdd { axis: 1 },
-            &[],
             &[(i32s(&[0; 6]), &[2, 3]), (i32s(&[1, 1]), &[2]), (i32s(&[1, 2, 3, 4]), &[2, 2])],
             &[2, 3],
             DType::I32,
@@ -180,7 +167,6 @@ mod tests {
         assert_eq!(r, i32s(&[0, 3, 0, 0, 7, 0]));
         let e = run_op(
             Op::ScatterAdd { axis: 0 },
-            &[],
             &[(dest, &[3, 2]), (i32s(&[0, 5]), &[2]), (f32s(&[0.; 4]), &[2, 2])],
             &[3, 2],
             DType::F32,
@@ -197,7 +183,6 @@ mod tests {
         let g = rand_f32(5000 * 64, 9);
         let r = run_op(
             Op::ScatterAdd { axis: 0 },
-            &[],
             &[(f32s(&vec![0.; 1000 * 64]), &[1000, 64]), (i32s(&idx), &[5000]), (f32s(&g), &[5000, 64])],
             &[1000, 64],
             DType::F32,

@@ -234,14 +234,14 @@ mod tests {
         let b: Vec<f64> = rand_f32(nb, 4).into_iter().map(f64::from).collect();
         let (want, od) = naive(ta, tb, &a, ad, &b, bd);
         let op = Op::MatMul { transpose_a: ta, transpose_b: tb };
-        let got = run_op(op, &[], &[(f64s(&a), ad), (f64s(&b), bd)], &od, DType::F64).unwrap().to_f64_vec();
+        let got = run_op(op, &[(f64s(&a), ad), (f64s(&b), bd)], &od, DType::F64).unwrap().to_f64_vec();
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() < 1e-9, "{ta} {tb} {ad:?} {bd:?}");
         }
         // f32 too, with a looser tolerance.
         let a32: Vec<f32> = a.iter().map(|&v| v as f32).collect();
         let b32: Vec<f32> = b.iter().map(|&v| v as f32).collect();
-        let got = run_op(op, &[], &[(f32s(&a32), ad), (f32s(&b32), bd)], &od, DType::F32).unwrap().to_f64_vec();
+        let got = run_op(op, &[(f32s(&a32), ad), (f32s(&b32), bd)], &od, DType::F32).unwrap().to_f64_vec();
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() < 1e-3 * (1.0 + w.abs()), "{ta} {tb} {ad:?} {bd:?}: {g} vs {w}");
         }
@@ -268,11 +268,9 @@ mod tests {
     #[test]
     fn empty_inner_dimension_gives_zeros() {
         let op = Op::MatMul { transpose_a: false, transpose_b: false };
-        let r = run_op(op, &[], &[(f32s(&[]), &[2, 0]), (f32s(&[]), &[0, 3])], &[2, 3], DType::F32).unwrap();
+        let r = run_op(op, &[(f32s(&[]), &[2, 0]), (f32s(&[]), &[0, 3])], &[2, 3], DType::F32).unwrap();
         assert_eq!(r, f32s(&[0.0; 6]));
-        assert!(
-            run_op(op, &[], &[(f32s(&[1.0; 6]), &[2, 3]), (f32s(&[1.0; 6]), &[2, 3])], &[2, 3], DType::F32).is_err()
-        );
+        assert!(run_op(op, &[(f32s(&[1.0; 6]), &[2, 3]), (f32s(&[1.0; 6]), &[2, 3])], &[2, 3], DType::F32).is_err());
     }
 
     #[test]
@@ -280,8 +278,8 @@ mod tests {
         let a = rand_f32(128 * 96, 1);
         let b = rand_f32(96 * 80, 2);
         let op = Op::MatMul { transpose_a: false, transpose_b: false };
-        let r1 = run_op(op, &[], &[(f32s(&a), &[128, 96]), (f32s(&b), &[96, 80])], &[128, 80], DType::F32).unwrap();
-        let r2 = run_op(op, &[], &[(f32s(&a), &[128, 96]), (f32s(&b), &[96, 80])], &[128, 80], DType::F32).unwrap();
+        let r1 = run_op(op, &[(f32s(&a), &[128, 96]), (f32s(&b), &[96, 80])], &[128, 80], DType::F32).unwrap();
+        let r2 = run_op(op, &[(f32s(&a), &[128, 96]), (f32s(&b), &[96, 80])], &[128, 80], DType::F32).unwrap();
         assert_eq!(r1, r2);
     }
 }

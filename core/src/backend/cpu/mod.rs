@@ -240,10 +240,10 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>) -> Result<
             matmul::matmul(transpose_a, transpose_b, arity::<2>(name, ins)?, out)
         }
         Op::Reshape => movement::reshape(arity::<1>(name, ins)?, out),
-        Op::Permute(_) => movement::permute(call.attrs, arity::<1>(name, ins)?, out),
+        Op::Permute(perm) => movement::permute(&perm, arity::<1>(name, ins)?, out),
         Op::Expand => movement::expand(arity::<1>(name, ins)?, out),
-        Op::Slice(_) => movement::slice(call.attrs, arity::<1>(name, ins)?, out),
-        Op::SliceBackward(_) => movement::slice_backward(call.attrs, arity::<1>(name, ins)?, out),
+        Op::Slice(attr) => movement::slice(&attr, arity::<1>(name, ins)?, out),
+        Op::SliceBackward(attr) => movement::slice_backward(&attr, arity::<1>(name, ins)?, out),
         Op::Concat { axis } => movement::concat(axis as usize, ins, out),
         Op::IndexSelect { axis } => index::index_select(axis as usize, arity::<2>(name, ins)?, out),
         Op::ScatterAdd { axis } => index::scatter_add(axis as usize, arity::<3>(name, ins)?, out),
@@ -450,13 +450,7 @@ pub(crate) mod testutil {
     //! Run one kernel on host data: the kernel tests' harness.
     use super::*;
 
-    pub fn run_op(
-        op: Op,
-        attrs: &[usize],
-        inputs: &[(HostData, &[usize])],
-        out_dims: &[usize],
-        out_dtype: DType,
-    ) -> Result<HostData> {
+    pub fn run_op(op: Op, inputs: &[(HostData, &[usize])], out_dims: &[usize], out_dtype: DType) -> Result<HostData> {
         let be = CpuBackend::new();
         let mut refs = Vec::new();
         for (data, dims) in inputs {
@@ -467,12 +461,7 @@ pub(crate) mod testutil {
         }
         let n: usize = out_dims.iter().product();
         let out = be.alloc(out_dtype, n + 5)?;
-        be.run(&KernelCall {
-            op,
-            attrs,
-            inputs: &refs,
-            output: TensorRef { buffer: out, dims: out_dims, dtype: out_dtype },
-        })?;
+        be.run(&KernelCall { op, inputs: &refs, output: TensorRef { buffer: out, dims: out_dims, dtype: out_dtype } })?;
         pollster::block_on(be.read(out, out_dtype, n))
     }
 
@@ -546,15 +535,42 @@ mod tests {
         let a = be.alloc(DType::F32, 4).unwrap();
         let dims = [4usize];
         let t = TensorRef { buffer: a, dims: &dims, dtype: DType::F32 };
-        let call = KernelCall { op: Op::Unary(UnaryOp::Neg), attrs: &[], inputs: &[t], output: t };
+        let call = KernelCall { op: Op::Unary(UnaryOp::Neg), inputs: &[t], output: t };
         assert!(be.run(&call).is_err());
         // The output was put back.
         assert!(pollster::block_on(be.read(a, DType::F32, 4)).is_ok());
         let wrong = TensorRef { buffer: a, dims: &dims, dtype: DType::I32 };
         let b = be.alloc(DType::F32, 4).unwrap();
         let o = TensorRef { buffer: b, dims: &dims, dtype: DType::F32 };
-        let call = KernelCall { op: Op::Binary(BinaryOp::Add), attrs: &[], inputs: &[wrong, wrong], output: o };
+        let call = KernelCall { op: Op::Binary(BinaryOp::Add), inputs: &[wrong, wrong], output: o };
         assert!(be.run(&call).is_err());
+    }
+
+    /// The CPU runs exactly the element-wise kernels the op table promises
+    /// (`supports` reads the table; this runs them).
+    #[test]
+    fn the_table_kernel_set_is_the_one_that_runs() {
+        let dims: &[usize] = &[3];
+        let data = |dtype| match dtype {
+            DType::F32 => f32s(&[0.5, 1.5, 2.0]),
+            DType::F64 => f64s(&[0.5, 1.5, 2.0]),
+            DType::I32 => i32s(&[1, -2, 3]),
+            DType::Bool => bools(&[true, false, true]),
+        };
+        let be = CpuBackend::new();
+        let ops = UnaryOp::ALL.map(Op::Unary).into_iter().chain(BinaryOp::ALL.map(Op::Binary));
+        let mut ran = 0;
+        for op in ops {
+            for dtype in [DType::F32, DType::F64, DType::I32, DType::Bool] {
+                let inputs: Vec<(HostData, &[usize])> =
+                    (0..op.info().arity_exact()).map(|_| (data(dtype), dims)).collect();
+                let result = run_op(op, &inputs, dims, dtype);
+                let promised = be.supports(&op, dtype);
+                assert_eq!(result.is_ok(), promised, "{} on {dtype}: {result:?}", op.name());
+                ran += usize::from(promised);
+            }
+        }
+        assert!(ran > 40);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use super::scalar::Scalar;
 use super::{with_any, In, Out};
 use crate::backend::checks;
 use crate::error::{Error, Result};
+use crate::op::{Perm, SliceAttr};
 use crate::shape::fmt_dims;
 
 pub(super) fn reshape([x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
@@ -47,7 +48,7 @@ fn run_gather(op: &'static str, x: &In<'_>, base: usize, strides: &[usize], out:
     })
 }
 
-pub(super) fn permute(perm: &[usize], [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+pub(super) fn permute(perm: &Perm, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Permute";
     let strides = checks::permute_strides(perm, x.dims, out.dims)?;
     run_gather(OP, x, 0, &strides, out)
@@ -58,7 +59,7 @@ pub(super) fn expand([x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     run_gather("Expand", x, 0, &strides, out)
 }
 
-pub(super) fn slice(spec: &[usize], [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+pub(super) fn slice(spec: &SliceAttr, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Slice";
     let (base, strides) = checks::slice_view(OP, spec, x.dims, out.dims)?;
     if out.numel() == 0 {
@@ -67,7 +68,7 @@ pub(super) fn slice(spec: &[usize], [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Res
     run_gather(OP, x, base, &strides, out)
 }
 
-pub(super) fn slice_backward(spec: &[usize], [g]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+pub(super) fn slice_backward(spec: &SliceAttr, [g]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "SliceBackward";
     let (base, strides) = checks::slice_view(OP, spec, out.dims, g.dims)?;
     if g.dtype != out.dtype {
@@ -127,9 +128,15 @@ mod tests {
     use super::super::testutil::*;
     use crate::dtype::DType;
     use crate::error::ErrorKind;
-    use crate::op::{AttrRange, Op};
+    use crate::op::{Op, Perm, SliceAttr};
 
-    const R: AttrRange = AttrRange { start: 0, len: 0 };
+    fn perm(p: &[usize]) -> Op {
+        Op::Permute(Perm::new(p).unwrap())
+    }
+    /// (start, step) per axis.
+    fn slice_attr(axes: &[(usize, usize)]) -> SliceAttr {
+        SliceAttr::new(axes.iter().copied()).unwrap()
+    }
 
     fn iota(n: usize) -> Vec<f32> {
         (0..n).map(|i| i as f32).collect()
@@ -137,11 +144,11 @@ mod tests {
 
     #[test]
     fn reshape_and_expand() {
-        let r = run_op(Op::Reshape, &[], &[(i32s(&[1, 2, 3, 4, 5, 6]), &[2, 3])], &[3, 2], DType::I32).unwrap();
+        let r = run_op(Op::Reshape, &[(i32s(&[1, 2, 3, 4, 5, 6]), &[2, 3])], &[3, 2], DType::I32).unwrap();
         assert_eq!(r, i32s(&[1, 2, 3, 4, 5, 6]));
-        let r = run_op(Op::Expand, &[], &[(f32s(&[1., 2.]), &[2, 1])], &[2, 2, 3], DType::F32).unwrap();
+        let r = run_op(Op::Expand, &[(f32s(&[1., 2.]), &[2, 1])], &[2, 2, 3], DType::F32).unwrap();
         assert_eq!(r, f32s(&[1., 1., 1., 2., 2., 2., 1., 1., 1., 2., 2., 2.]));
-        let r = run_op(Op::Expand, &[], &[(bools(&[true, false]), &[2])], &[2, 2], DType::Bool).unwrap();
+        let r = run_op(Op::Expand, &[(bools(&[true, false]), &[2])], &[2, 2], DType::Bool).unwrap();
         assert_eq!(r, bools(&[true, false, true, false]));
     }
 
@@ -149,7 +156,7 @@ mod tests {
     fn permute() {
         // [2,3,4] -> perm [2,0,1] -> [4,2,3]
         let x = iota(24);
-        let r = run_op(Op::Permute(R), &[2, 0, 1], &[(f32s(&x), &[2, 3, 4])], &[4, 2, 3], DType::F32).unwrap();
+        let r = run_op(perm(&[2, 0, 1]), &[(f32s(&x), &[2, 3, 4])], &[4, 2, 3], DType::F32).unwrap();
         let mut want = vec![];
         for k in 0..4 {
             for i in 0..2 {
@@ -161,31 +168,30 @@ mod tests {
         assert_eq!(r, f32s(&want));
         // Large transpose (parallel path).
         let x = iota(600 * 500);
-        let r = run_op(Op::Permute(R), &[1, 0], &[(f32s(&x), &[600, 500])], &[500, 600], DType::F32).unwrap();
+        let r = run_op(perm(&[1, 0]), &[(f32s(&x), &[600, 500])], &[500, 600], DType::F32).unwrap();
         let want: Vec<f32> = (0..500 * 600).map(|n| ((n % 600) * 500 + n / 600) as f32).collect();
         assert_eq!(r, f32s(&want));
-        assert!(run_op(Op::Permute(R), &[0, 0], &[(f32s(&x), &[600, 500])], &[600, 600], DType::F32).is_err());
+        assert!(run_op(perm(&[1, 0]), &[(f32s(&x), &[600, 500])], &[600, 600], DType::F32).is_err());
     }
 
     #[test]
     fn slice_with_steps_and_backward() {
         // x [3, 5]; rows 0..3 step 2, cols 1..5 step 2 -> [2, 2]
         let x = iota(15);
-        let spec = [0, 3, 2, 1, 5, 2];
-        let r = run_op(Op::Slice(R), &spec, &[(f32s(&x), &[3, 5])], &[2, 2], DType::F32).unwrap();
+        let spec = slice_attr(&[(0, 2), (1, 2)]);
+        let r = run_op(Op::Slice(spec), &[(f32s(&x), &[3, 5])], &[2, 2], DType::F32).unwrap();
         assert_eq!(r, f32s(&[1., 3., 11., 13.]));
         let g = f32s(&[1., 2., 3., 4.]);
-        let r = run_op(Op::SliceBackward(R), &spec, &[(g, &[2, 2])], &[3, 5], DType::F32).unwrap();
+        let r = run_op(Op::SliceBackward(spec), &[(g, &[2, 2])], &[3, 5], DType::F32).unwrap();
         assert_eq!(r, f32s(&[0., 1., 0., 2., 0., 0., 0., 0., 0., 0., 0., 3., 0., 4., 0.]));
         // contiguous last-axis slice
-        let spec = [1, 3, 1, 0, 5, 1];
-        let r =
-            run_op(Op::Slice(R), &spec, &[(i32s(&(0..15).collect::<Vec<_>>()), &[3, 5])], &[2, 5], DType::I32).unwrap();
+        let spec = slice_attr(&[(1, 1), (0, 1)]);
+        let r = run_op(Op::Slice(spec), &[(i32s(&(0..15).collect::<Vec<_>>()), &[3, 5])], &[2, 5], DType::I32).unwrap();
         assert_eq!(r, i32s(&(5..15).collect::<Vec<_>>()));
-        let r = run_op(Op::SliceBackward(R), &spec, &[(i32s(&[1; 10]), &[2, 5])], &[3, 5], DType::I32).unwrap();
+        let r = run_op(Op::SliceBackward(spec), &[(i32s(&[1; 10]), &[2, 5])], &[3, 5], DType::I32).unwrap();
         assert_eq!(r, i32s(&[0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]));
         // Out-of-range slice spec: an error, not a panic.
-        let e = run_op(Op::Slice(R), &[0, 4, 1, 0, 5, 1], &[(f32s(&x), &[3, 5])], &[4, 5], DType::F32).unwrap_err();
+        let e = run_op(Op::Slice(spec), &[(f32s(&x), &[3, 5])], &[4, 5], DType::F32).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::OutOfRange);
     }
 
@@ -193,20 +199,17 @@ mod tests {
     fn concat() {
         let a = f32s(&[1., 2., 3., 4.]); // [2,2]
         let b = f32s(&[5., 6.]); // [2,1]
-        let r =
-            run_op(Op::Concat { axis: 1 }, &[], &[(a.clone(), &[2, 2]), (b, &[2, 1])], &[2, 3], DType::F32).unwrap();
+        let r = run_op(Op::Concat { axis: 1 }, &[(a.clone(), &[2, 2]), (b, &[2, 1])], &[2, 3], DType::F32).unwrap();
         assert_eq!(r, f32s(&[1., 2., 5., 3., 4., 6.]));
         let c = f32s(&[7., 8.]); // [1,2]
-        let r =
-            run_op(Op::Concat { axis: 0 }, &[], &[(a.clone(), &[2, 2]), (c, &[1, 2])], &[3, 2], DType::F32).unwrap();
+        let r = run_op(Op::Concat { axis: 0 }, &[(a.clone(), &[2, 2]), (c, &[1, 2])], &[3, 2], DType::F32).unwrap();
         assert_eq!(r, f32s(&[1., 2., 3., 4., 7., 8.]));
-        let r = run_op(Op::Concat { axis: 0 }, &[], &[(a.clone(), &[2, 2])], &[3, 2], DType::F32);
+        let r = run_op(Op::Concat { axis: 0 }, &[(a.clone(), &[2, 2])], &[3, 2], DType::F32);
         assert!(r.is_err());
         // Big, three inputs, middle axis.
         let (x, y, z) = (iota(1000 * 3 * 50), iota(1000 * 5 * 50), iota(1000 * 2 * 50));
         let r = run_op(
             Op::Concat { axis: 1 },
-            &[],
             &[(f32s(&x), &[1000, 3, 50]), (f32s(&y), &[1000, 5, 50]), (f32s(&z), &[1000, 2, 50])],
             &[1000, 10, 50],
             DType::F32,

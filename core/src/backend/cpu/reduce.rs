@@ -503,7 +503,7 @@ mod tests {
     fn red(op: ReduceOp, axes: u32, keepdim: bool, x: HostData, dims: &[usize]) -> Result<HostData> {
         let od = reduced_dims(dims, AxisSet(axes), keepdim);
         let dt = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { DType::I32 } else { x.dtype() };
-        run_op(Op::Reduce { op, axes: AxisSet(axes), keepdim }, &[], &[(x, dims)], &od, dt)
+        run_op(Op::Reduce { op, axes: AxisSet(axes), keepdim }, &[(x, dims)], &od, dt)
     }
 
     #[test]

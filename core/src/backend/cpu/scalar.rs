@@ -1,9 +1,10 @@
 //! The element traits the kernels are generic over: `Scalar` (every storage
 //! type, bool as u8), `Num` (f32, f64, i32: arithmetic, wrapping for i32) and
-//! `Float` (f32, f64: the transcendental functions).
+//! `Float` (f32, f64).
 
 use super::CpuStorage;
 use crate::dtype::DType;
+use crate::op::{BinaryOp, Value};
 
 pub(crate) trait Scalar: Copy + Send + Sync + PartialOrd + Default + std::fmt::Debug + 'static {
     const DTYPE: DType;
@@ -93,85 +94,44 @@ impl Scalar for u8 {
     }
 }
 
-/// Arithmetic: IEEE for floats, wrapping for i32. `max`/`min` propagate NaN.
-pub(crate) trait Num: Scalar {
+/// Arithmetic the reductions, products and index kernels need: IEEE for
+/// floats, wrapping for i32. `max`/`min` propagate NaN. (The element-wise
+/// functions are `op::Value`, the op table's per-element definitions.)
+pub(crate) trait Num: Scalar + Value {
     const ZERO: Self;
     const ONE: Self;
-    fn add(self, o: Self) -> Self;
-    fn sub(self, o: Self) -> Self;
-    fn mul(self, o: Self) -> Self;
-    fn neg(self) -> Self;
-    fn abs(self) -> Self;
-    fn sign(self) -> Self;
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        Self::binary(BinaryOp::Add, self, o)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        Self::binary(BinaryOp::Mul, self, o)
+    }
     #[inline(always)]
     fn max(self, o: Self) -> Self {
-        if self.is_nan() || o.is_nan() {
-            if self.is_nan() {
-                self
-            } else {
-                o
-            }
-        } else if self >= o {
-            self
-        } else {
-            o
-        }
+        Self::binary(BinaryOp::Maximum, self, o)
     }
     #[inline(always)]
     fn min(self, o: Self) -> Self {
-        if self.is_nan() || o.is_nan() {
-            if self.is_nan() {
-                self
-            } else {
-                o
-            }
-        } else if self <= o {
-            self
-        } else {
-            o
-        }
-    }
-    #[inline(always)]
-    fn relu(self) -> Self {
-        // NaN < 0 is false, so NaN passes through.
-        if self < Self::ZERO {
-            Self::ZERO
-        } else {
-            self
-        }
+        Self::binary(BinaryOp::Minimum, self, o)
     }
 }
 
 impl Num for i32 {
     const ZERO: Self = 0;
     const ONE: Self = 1;
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self.wrapping_add(o)
-    }
-    #[inline(always)]
-    fn sub(self, o: Self) -> Self {
-        self.wrapping_sub(o)
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self.wrapping_mul(o)
-    }
-    #[inline(always)]
-    fn neg(self) -> Self {
-        self.wrapping_neg()
-    }
-    #[inline(always)]
-    fn abs(self) -> Self {
-        self.wrapping_abs()
-    }
-    #[inline(always)]
-    fn sign(self) -> Self {
-        self.signum()
-    }
+}
+impl Num for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+}
+impl Num for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
 }
 
-/// Floating-point functions (erf/erfc from libm).
+/// f32 and f64: what the float-only kernels (matmul, pooling) need.
 pub(crate) trait Float:
     Num
     + std::ops::Add<Output = Self>
@@ -179,106 +139,6 @@ pub(crate) trait Float:
     + std::ops::Mul<Output = Self>
     + std::ops::Div<Output = Self>
 {
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    fn sqrt(self) -> Self;
-    fn recip(self) -> Self;
-    fn sin(self) -> Self;
-    fn cos(self) -> Self;
-    fn tanh(self) -> Self;
-    fn erf(self) -> Self;
-    fn erfc(self) -> Self;
-    fn powf(self, e: Self) -> Self;
-    #[inline(always)]
-    fn sigmoid(self) -> Self {
-        if self >= Self::ZERO {
-            Self::ONE / (Self::ONE + self.neg().exp())
-        } else {
-            let e = self.exp();
-            e / (Self::ONE + e)
-        }
-    }
 }
-
-macro_rules! float {
-    ($t:ty, $erf:path, $erfc:path) => {
-        impl Num for $t {
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            #[inline(always)]
-            fn add(self, o: Self) -> Self {
-                self + o
-            }
-            #[inline(always)]
-            fn sub(self, o: Self) -> Self {
-                self - o
-            }
-            #[inline(always)]
-            fn mul(self, o: Self) -> Self {
-                self * o
-            }
-            #[inline(always)]
-            fn neg(self) -> Self {
-                -self
-            }
-            #[inline(always)]
-            fn abs(self) -> Self {
-                <$t>::abs(self)
-            }
-            #[inline(always)]
-            fn sign(self) -> Self {
-                if self > 0.0 {
-                    1.0
-                } else if self < 0.0 {
-                    -1.0
-                } else {
-                    self // 0, -0 and NaN stay
-                }
-            }
-        }
-        impl Float for $t {
-            #[inline(always)]
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            #[inline(always)]
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-            #[inline(always)]
-            fn sqrt(self) -> Self {
-                <$t>::sqrt(self)
-            }
-            #[inline(always)]
-            fn recip(self) -> Self {
-                1.0 / self
-            }
-            #[inline(always)]
-            fn sin(self) -> Self {
-                <$t>::sin(self)
-            }
-            #[inline(always)]
-            fn cos(self) -> Self {
-                <$t>::cos(self)
-            }
-            #[inline(always)]
-            fn tanh(self) -> Self {
-                <$t>::tanh(self)
-            }
-            #[inline(always)]
-            fn erf(self) -> Self {
-                $erf(self)
-            }
-            #[inline(always)]
-            fn erfc(self) -> Self {
-                $erfc(self)
-            }
-            #[inline(always)]
-            fn powf(self, e: Self) -> Self {
-                <$t>::powf(self, e)
-            }
-        }
-    };
-}
-float!(f32, libm::erff, libm::erfcf);
-float!(f64, libm::erf, libm::erfc);
+impl Float for f32 {}
+impl Float for f64 {}

@@ -1,19 +1,42 @@
 //! The primitive operator set (see OPS.md). One variant per graph node kind.
 //!
-//! `Op` is plain `Copy` data: variable-length attributes (permutations, slice
-//! specs) live in the graph's attribute slab and are referenced by `AttrRange`,
-//! so nodes need no drop and a graph reset is a length reset.
+//! `Op` is plain `Copy` data with typed attributes (a permutation, per-axis
+//! slice positions, a window) held inline in fixed-size arrays bounded by
+//! `MAX_RANK`, so nodes need no drop, a graph reset is a length reset, and a
+//! kernel call carries everything it needs in the op itself.
+//!
+//! What each primitive *is* — name, arity, dtypes, gradient facts, family,
+//! element-wise expression — is stated once, in `table.rs` (`Op::info`);
+//! every other per-op list in kiln reads it.
+
+mod attrs;
+pub mod expr;
+mod table;
+
+pub use attrs::{Perm, SliceAttr};
+pub use expr::{Expr, Value};
+pub use table::{Arity, DTypeRule, DTypeSet, Domain, Elementwise, Family, OpInfo, Saved};
 
 use crate::dtype::DType;
 use crate::shape::AxisSet;
 
-/// A range into the graph's attribute slab (`usize` values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttrRange {
-    pub start: u32,
-    pub len: u32,
+/// Declares a fieldless op enum and its `ALL` array from one list of
+/// variants, so that a new variant is one line and cannot be left out of
+/// `ALL` (which `Op::kinds`, the coverage report and the tests walk).
+macro_rules! op_enum {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident,)* }) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: [$name; [$($name::$variant),*].len()] = [$($name::$variant),*];
+        }
+    };
 }
 
+op_enum! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
     Neg,
@@ -31,8 +54,14 @@ pub enum UnaryOp {
     Erfc,
     /// -1, 0 or 1. Not differentiable (see `autograd::rules`).
     Sign,
+    /// ln(1 + x), accurate for small x.
+    Log1p,
+    /// exp(x) - 1, accurate for small x.
+    Expm1,
+}
 }
 
+op_enum! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,
@@ -43,7 +72,9 @@ pub enum BinaryOp {
     Maximum,
     Minimum,
 }
+}
 
+op_enum! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CompareOp {
     Equal,
@@ -53,7 +84,9 @@ pub enum CompareOp {
     Greater,
     GreaterEqual,
 }
+}
 
+op_enum! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
     Sum,
@@ -62,6 +95,7 @@ pub enum ReduceOp {
     Prod,
     ArgMax,
     ArgMin,
+}
 }
 
 /// A sliding window over the two spatial axes of an NCHW tensor, shared by
@@ -135,15 +169,16 @@ pub enum Op {
     },
     /// Same elements, new shape (the node's shape).
     Reshape,
-    /// Axes reordered: attrs hold the permutation.
-    Permute(AttrRange),
+    /// Axes reordered: output axis i is input axis `perm[i]`.
+    Permute(Perm),
     /// Broadcast to the node's shape.
     Expand,
-    /// attrs hold (start, end, step) per axis.
-    Slice(AttrRange),
+    /// Every `step`-th element from `start`, per axis; the count per axis is
+    /// the node's dims.
+    Slice(SliceAttr),
     /// The adjoint of Slice: zeros of the node's shape with the input written
-    /// at the sliced positions. attrs as for Slice.
-    SliceBackward(AttrRange),
+    /// at the sliced positions (the count per axis is the input's dims).
+    SliceBackward(SliceAttr),
     Concat {
         axis: u8,
     },
@@ -182,142 +217,47 @@ pub enum Op {
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 14] = [
-        UnaryOp::Neg,
-        UnaryOp::Abs,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Recip,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Erf,
-        UnaryOp::Erfc,
-        UnaryOp::Sign,
-    ];
+    /// The op's name (from the op table).
     pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "Neg",
-            UnaryOp::Abs => "Abs",
-            UnaryOp::Exp => "Exp",
-            UnaryOp::Log => "Log",
-            UnaryOp::Sqrt => "Sqrt",
-            UnaryOp::Recip => "Recip",
-            UnaryOp::Sin => "Sin",
-            UnaryOp::Cos => "Cos",
-            UnaryOp::Tanh => "Tanh",
-            UnaryOp::Sigmoid => "Sigmoid",
-            UnaryOp::Relu => "Relu",
-            UnaryOp::Erf => "Erf",
-            UnaryOp::Erfc => "Erfc",
-            UnaryOp::Sign => "Sign",
-        }
+        Op::Unary(self).info().name
     }
-    /// Neg, Abs, Relu and Sign also make sense on integers.
+    /// Whether the op also exists on i32 tensors (from the op table).
     pub fn accepts_integers(self) -> bool {
-        matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sign)
+        Op::Unary(self).info().dtypes.contains(DType::I32)
     }
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 7] = [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Pow,
-        BinaryOp::Maximum,
-        BinaryOp::Minimum,
-    ];
     pub fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "Add",
-            BinaryOp::Sub => "Sub",
-            BinaryOp::Mul => "Mul",
-            BinaryOp::Div => "Div",
-            BinaryOp::Pow => "Pow",
-            BinaryOp::Maximum => "Maximum",
-            BinaryOp::Minimum => "Minimum",
-        }
+        Op::Binary(self).info().name
     }
     /// Integer Div and Pow are refused rather than given C's truncation rules.
     pub fn accepts_integers(self) -> bool {
-        !matches!(self, BinaryOp::Div | BinaryOp::Pow)
+        Op::Binary(self).info().dtypes.contains(DType::I32)
     }
 }
 
 impl CompareOp {
-    pub const ALL: [CompareOp; 6] = [
-        CompareOp::Equal,
-        CompareOp::NotEqual,
-        CompareOp::Less,
-        CompareOp::LessEqual,
-        CompareOp::Greater,
-        CompareOp::GreaterEqual,
-    ];
     pub fn name(self) -> &'static str {
-        match self {
-            CompareOp::Equal => "Equal",
-            CompareOp::NotEqual => "NotEqual",
-            CompareOp::Less => "Less",
-            CompareOp::LessEqual => "LessEqual",
-            CompareOp::Greater => "Greater",
-            CompareOp::GreaterEqual => "GreaterEqual",
-        }
+        Op::Compare(self).info().name
     }
 }
 
 impl ReduceOp {
-    pub const ALL: [ReduceOp; 6] =
-        [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod, ReduceOp::ArgMax, ReduceOp::ArgMin];
     pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "Sum",
-            ReduceOp::Max => "Max",
-            ReduceOp::Min => "Min",
-            ReduceOp::Prod => "Prod",
-            ReduceOp::ArgMax => "ArgMax",
-            ReduceOp::ArgMin => "ArgMin",
-        }
+        Op::Reduce { op: self, axes: AxisSet(0), keepdim: false }.info().name
     }
 }
 
 impl Op {
     /// The operator's name as OPS.md spells it; errors and reports use it.
+    #[inline]
     pub fn name(&self) -> &'static str {
-        match self {
-            Op::Input => "Input",
-            Op::Param(_) => "Param",
-            Op::Full(_) => "Full",
-            Op::Arange { .. } => "Arange",
-            Op::Unary(u) => u.name(),
-            Op::Binary(b) => b.name(),
-            Op::Compare(c) => c.name(),
-            Op::Where => "Where",
-            Op::Cast(_) => "Cast",
-            Op::Reduce { op, .. } => op.name(),
-            Op::MatMul { .. } => "MatMul",
-            Op::Reshape => "Reshape",
-            Op::Permute(_) => "Permute",
-            Op::Expand => "Expand",
-            Op::Slice(_) => "Slice",
-            Op::SliceBackward(_) => "SliceBackward",
-            Op::Concat { .. } => "Concat",
-            Op::IndexSelect { .. } => "IndexSelect",
-            Op::ScatterAdd { .. } => "ScatterAdd",
-            Op::Im2Col(_) => "Im2Col",
-            Op::Col2Im { .. } => "Col2Im",
-            Op::MaxPool2d(_) => "MaxPool2d",
-            Op::MaxPool2dBackward(_) => "MaxPool2dBackward",
-            Op::RandUniform { .. } => "RandUniform",
-            Op::RandNormal { .. } => "RandNormal",
-        }
+        self.info().name
     }
 
     /// Leaves hold their value from creation; nothing runs for them.
+    #[inline]
     pub fn is_leaf(&self) -> bool {
         matches!(self, Op::Input | Op::Param(_))
     }
@@ -325,12 +265,11 @@ impl Op {
 
 impl Op {
     /// Every primitive, one representative per kind, in OPS.md's order.
-    /// `kind_names` and the coverage report are generated from this list;
-    /// the exhaustive match in `kind_of` makes adding a variant without
-    /// listing it a compile error.
+    /// `kind_names`, the coverage report and the table's consistency test
+    /// walk this list; the exhaustive match in `kind_of` makes adding a
+    /// variant without listing it a compile error.
     pub fn kinds() -> Vec<Op> {
         let window = Window2d { kernel: [1, 1], stride: [1, 1], dilation: [1, 1], pad_begin: [0, 0], pad_end: [0, 0] };
-        let attrs = AttrRange { start: 0, len: 0 };
         let mut kinds = vec![
             Op::Input,
             Op::Param(0),
@@ -348,10 +287,10 @@ impl Op {
         kinds.extend([
             Op::MatMul { transpose_a: false, transpose_b: false },
             Op::Reshape,
-            Op::Permute(attrs),
+            Op::Permute(Perm::identity(1)),
             Op::Expand,
-            Op::Slice(attrs),
-            Op::SliceBackward(attrs),
+            Op::Slice(SliceAttr::whole(1)),
+            Op::SliceBackward(SliceAttr::whole(1)),
             Op::Concat { axis: 0 },
             Op::IndexSelect { axis: 0 },
             Op::ScatterAdd { axis: 0 },
