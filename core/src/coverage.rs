@@ -127,6 +127,10 @@ pub fn op_case(name: &str) -> Option<OpCase> {
     if let Some(&r) = ReduceOp::ALL.iter().find(|r| r.name() == name) {
         return reduce(r);
     }
+    if let Some(op) = crate::op::custom::find(name) {
+        let inputs = op.sample()?.to_vec();
+        return Some(OpCase { name: op.name(), inputs, build: boxed(move |_, x| op.apply(x)) });
+    }
     match name {
         "Input" => case("Input", vec![mat(2, 2)], |g, x| {
             g.tensor_from(&[1.0f64, 2.0], &[2]).and_then(|t| t.add(x[0].sum_all()?))
@@ -174,16 +178,34 @@ pub fn op_case(name: &str) -> Option<OpCase> {
     }
 }
 
-/// Check every primitive on the CPU (gradients, in f64) and ask each device
-/// in `devices` whether it has a kernel for it.
+/// Check every primitive and every registered custom op on the CPU
+/// (gradients, in f64) and ask each device in `devices` whether it has a
+/// kernel for it. A custom op registered without sample operands gets a row
+/// whose checks read "n/a" (and is incomplete).
 pub async fn coverage(devices: &[Device]) -> Result<Vec<OpCoverage>> {
     let cpu = Device::cpu();
     let options = GradcheckOptions::default();
     let mut rows = Vec::new();
-    for kind in Op::kinds() {
+    let reference = crate::op::custom::reference();
+    let mut kinds = Op::kinds();
+    kinds.extend(crate::op::custom::registered().into_iter().filter(|&c| c != reference).map(Op::Custom));
+    for kind in kinds {
         let name = kind.name();
-        let case = op_case(name)
-            .ok_or_else(|| crate::error::Error::unsupported("coverage", format!("no sample case for op {name}")))?;
+        let case = match (op_case(name), kind) {
+            (Some(case), _) => case,
+            (None, Op::Custom(c)) => {
+                let kernels = devices.iter().map(|d| Some(d.backend().supports(&kind, DType::F32))).collect();
+                let rule = match kind.info().no_rule {
+                    Some(reason) => Err(reason.to_string()),
+                    None => Ok(()),
+                };
+                rows.push(OpCoverage { name: c.name(), kernels, rule, first_order: None, second_order: None });
+                continue;
+            }
+            (None, _) => {
+                return Err(crate::error::Error::unsupported("coverage", format!("no sample case for op {name}")))
+            }
+        };
         // Build once to find the op's node, its dtype, and whether a rule applies.
         let graph = Graph::new(&cpu);
         let xs: Vec<Tensor<'_>> = case

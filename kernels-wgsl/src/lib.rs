@@ -13,7 +13,7 @@
 //!   an arena, index-check status slots;
 //! - `readback`: `read` as a snapshot copy + `map_async` into a flume channel;
 //! - `kernels`: the Rust that launches each family's kernels (one file per
-//!   `.wgsl` file, same name).
+//!   `.wgsl` file, same name; `custom` launches custom ops' own kernels).
 //!
 //! ```no_run
 //! # async fn demo() -> kiln_core::Result<()> {
@@ -310,6 +310,11 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, op: &Op, dtype: DType) -> bool {
+        // A custom op runs here through its own WGSL kernel, whose output
+        // binding fixes the dtype.
+        if let Op::Custom(c) = op {
+            return c.wgsl().is_some_and(|k| k.bindings.last() == Some(&dtype));
+        }
         // The buffers store f32, i32 and bool (no f64); `shaders` has an
         // expression for exactly the unary and binary ops `has_kernel` lists
         // (a test below holds them together).

@@ -7,7 +7,7 @@
 //! makes its WGSL and [`all_kernels`] lists every variant the backend can
 //! generate (the naga test validates each of them without a device).
 
-use kiln_core::op::{BinaryOp, CompareOp, ReduceOp, UnaryOp};
+use kiln_core::op::{BinaryOp, CompareOp, CustomOp, ReduceOp, UnaryOp};
 use kiln_core::DType;
 
 pub const COMMON: &str = include_str!("shaders/common.wgsl");
@@ -105,6 +105,8 @@ pub enum Kernel {
     Pool,
     /// random.wgsl (RandUniform, RandNormal, f32).
     Random,
+    /// A custom op's own kernel (validated when the op was registered).
+    Custom(CustomOp),
 }
 
 impl Kernel {
@@ -129,6 +131,10 @@ impl Kernel {
     /// The complete WGSL of this variant, or None when the combination does
     /// not exist (an op the type does not support).
     pub fn source(self) -> Option<String> {
+        if let Kernel::Custom(op) = self {
+            // The user's WGSL with kiln's custom-op prelude, not common.wgsl.
+            return op.wgsl().map(|k| k.source.clone());
+        }
         let body = match self {
             Kernel::Fill(t) => {
                 let (from_f32, from_i32) = match t {
@@ -158,6 +164,7 @@ impl Kernel {
             Kernel::Window(t) => fill(WINDOW, &[("{T}", t.wgsl())]),
             Kernel::Pool => POOL.to_string(),
             Kernel::Random => RANDOM.to_string(),
+            Kernel::Custom(_) => unreachable!("handled above"),
         };
         Some(format!("{COMMON}\n{body}"))
     }

@@ -108,6 +108,33 @@ impl BlockingParam for Param {
     }
 }
 
+/// Check a custom op (see `kiln_core::op::custom::check_custom_op`): its
+/// forward on a wgpu device, when this machine has one, against the CPU
+/// forward, and its gradient against finite differences (first and second
+/// order in f64 on the CPU; the f32 gradient computed on wgpu). Read the
+/// outcome with `report.passed()`; printing the report says what was
+/// compared. Without a wgpu adapter only the CPU checks run (the report's
+/// `parity` is then empty).
+#[track_caller]
+pub fn check_custom_op(
+    op: kiln_core::op::CustomOp,
+    inputs: &[gradcheck::CheckInput],
+) -> Result<kiln_core::op::custom::CustomOpReport> {
+    let location = std::panic::Location::caller();
+    let devices: Vec<Device> = Device::from_name("wgpu").into_iter().collect();
+    check_custom_op_on(op, inputs, &devices).map_err(|e| e.at(location))
+}
+
+/// `check_custom_op` on the given devices, with default tolerances.
+pub fn check_custom_op_on(
+    op: kiln_core::op::CustomOp,
+    inputs: &[gradcheck::CheckInput],
+    devices: &[Device],
+) -> Result<kiln_core::op::custom::CustomOpReport> {
+    let options = kiln_core::op::custom::CustomCheckOptions::default();
+    pollster::block_on(kiln_core::op::custom::check_custom_op(op, inputs, devices, options))
+}
+
 /// Blocking gradient checks (see `kiln_core::gradcheck`).
 pub mod gradcheck {
     pub use kiln_core::gradcheck::{CheckInput, GradcheckOptions, GradcheckReport, Mismatch};

@@ -169,6 +169,11 @@ pub(crate) fn input_gradients<'g>(
         Op::Col2Im { window, .. } => one(g.im2col(window)),
         Op::MaxPool2d(window) => one(x[0].max_pool2d_backward(g, window)),
         Op::MaxPool2dBackward(window) => Ok(smallvec![None, Some(max_pool_gather(x[0], g, window)?)]),
+        // The user's backward, checked; only the inputs asked for.
+        Op::Custom(c) => {
+            let grads = c.gradients(x, y, g)?;
+            Ok(grads.into_iter().zip(needs).map(|(g, &need)| if need { g } else { None }).collect())
+        }
         Op::Input
         | Op::Param(_)
         | Op::Full(_)

@@ -10,10 +10,12 @@
 //! every other per-op list in kiln reads it.
 
 mod attrs;
+pub mod custom;
 pub mod expr;
 mod table;
 
 pub use attrs::{Perm, SliceAttr};
+pub use custom::{CustomOp, CustomOpBuilder};
 pub use expr::{Expr, Value};
 pub use table::{Arity, DTypeRule, DTypeSet, Domain, Elementwise, Family, OpInfo, Saved};
 
@@ -214,6 +216,8 @@ pub enum Op {
     RandNormal {
         seed: u64,
     },
+    /// A user-defined op (see `custom`): what it is lives in the registry.
+    Custom(CustomOp),
 }
 
 impl UnaryOp {
@@ -269,6 +273,14 @@ impl Op {
     /// walk this list; the exhaustive match in `kind_of` makes adding a
     /// variant without listing it a compile error.
     pub fn kinds() -> Vec<Op> {
+        let mut kinds = Op::builtin_kinds();
+        kinds.push(Op::Custom(custom::reference()));
+        debug_assert!(kinds.iter().all(|k| k.kind_of() < Op::KIND_GROUPS));
+        kinds
+    }
+
+    /// `kinds()` without the custom op that stands for the Custom kind.
+    fn builtin_kinds() -> Vec<Op> {
         let window = Window2d { kernel: [1, 1], stride: [1, 1], dilation: [1, 1], pad_begin: [0, 0], pad_end: [0, 0] };
         let mut kinds = vec![
             Op::Input,
@@ -299,11 +311,15 @@ impl Op {
             Op::MaxPool2d(window),
             Op::MaxPool2dBackward(window),
         ]);
-        debug_assert!(kinds.iter().all(|k| k.kind_of() < Op::KIND_GROUPS));
         kinds
     }
 
-    const KIND_GROUPS: usize = 25;
+    /// The names of the built-in primitives (custom ops may not take them).
+    pub(crate) fn builtin_names() -> Vec<&'static str> {
+        Op::builtin_kinds().iter().map(|k| k.name()).collect()
+    }
+
+    const KIND_GROUPS: usize = 26;
 
     /// Which group of `kinds()` an op belongs to (exhaustive on purpose).
     fn kind_of(&self) -> usize {
@@ -333,6 +349,7 @@ impl Op {
             Op::Col2Im { .. } => 22,
             Op::MaxPool2d(_) => 23,
             Op::MaxPool2dBackward(_) => 24,
+            Op::Custom(_) => 25,
         }
     }
 

@@ -36,6 +36,8 @@ pub enum Family {
     Index,
     /// Sliding windows over NCHW images (Im2Col, Col2Im, pooling).
     Window,
+    /// A user-defined op (`op::custom`): its own CPU function and WGSL.
+    Custom,
 }
 
 /// How many operands an op takes.
@@ -411,6 +413,24 @@ impl Op {
             // The routing depends on x only through which element is
             // largest: piecewise constant in x, so only g carries gradient.
             Op::MaxPool2dBackward(_) => window("MaxPool2dBackward", 2, D::FLOAT, 0b10, x),
+            // What a custom op is was stated when it was registered.
+            Op::Custom(c) => {
+                let d = c.definition();
+                let info = op(
+                    d.name,
+                    F::Custom,
+                    Arity::Exactly(d.arity as u8),
+                    d.dtypes,
+                    DTypeRule::Given,
+                    d.grad_inputs,
+                    d.saved,
+                );
+                if c.has_backward() {
+                    info
+                } else {
+                    no_rule(info, "the custom op was registered without a backward")
+                }
+            }
         }
     }
 }

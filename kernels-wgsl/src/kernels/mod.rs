@@ -3,6 +3,7 @@
 //! checks (`kiln_core::backend::checks`), computes the kernel's parameters on
 //! the host and records the dispatch.
 
+pub(crate) mod custom;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod matmul;
@@ -54,6 +55,7 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
         Op::MaxPool2dBackward(w) => pool::max_pool2d_backward(be, &w, arity::<2>(name, ins)?, out),
         Op::RandUniform { seed } => random::random(be, name, "uniform", seed, out),
         Op::RandNormal { seed } => random::random(be, name, "normal", seed, out),
+        Op::Custom(c) => custom::custom(be, c, ins, out),
     }
 }
 

@@ -8,6 +8,7 @@
 //! holds the element traits they are generic over and `layout` the strided
 //! iteration they share.
 
+mod custom;
 mod elementwise;
 mod index;
 mod layout;
@@ -253,6 +254,7 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>) -> Result<
         Op::MaxPool2dBackward(w) => window::max_pool2d_backward(&w, arity::<2>(name, ins)?, out),
         Op::RandUniform { seed } => random::rand_uniform(seed, out),
         Op::RandNormal { seed } => random::rand_normal(seed, out),
+        Op::Custom(c) => custom::custom(c, ins, out),
     }
 }
 

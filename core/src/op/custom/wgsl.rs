@@ -1,0 +1,194 @@
+//! WGSL kernels of custom ops, validated with naga when the op is
+//! registered (so a bad kernel is an error at `register`, with naga's
+//! diagnostic, never a failure deep inside a training step).
+//!
+//! The contract a kernel follows:
+//! - group 0, binding k + 1: input k as `var<storage, read> array<T>`;
+//!   binding arity + 1: the output as `var<storage, read_write> array<T>`,
+//!   with T `f32`, `i32` or `u32` (bool tensors are 0/1 `u32` words); every
+//!   one of them used by the entry point;
+//! - the entry point `@compute @workgroup_size(256) fn main(...)`, launched
+//!   with one invocation per output element (rounded up to whole
+//!   workgroups, folded into a 2-D grid of workgroups);
+//! - kiln appends `PRELUDE` to the source: binding 0 holds the element
+//!   counts, `kiln_index(wid, nwg, lid)` gives the invocation's element and
+//!   `kiln_len()` the output's count, which the kernel must check (so
+//!   binding 0 must be used too).
+//!
+//! The prelude goes after the user's code (WGSL declarations may come in
+//! any order), so naga's line numbers are the user's own.
+
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+use naga::{AddressSpace, ScalarKind, ShaderStage, StorageAccess, TypeInner};
+
+use super::WgslKernel;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Threads per workgroup of every custom kernel.
+pub const WORKGROUP_SIZE: u32 = 256;
+
+/// What kiln adds to every custom kernel (see the module docs).
+pub const PRELUDE: &str = "
+// ---- kiln custom-op prelude ----
+// kiln_params[0]: elements of the output; kiln_params[1 + k]: elements of input k.
+@group(0) @binding(0) var<storage, read> kiln_params: array<u32>;
+
+const KILN_WORKGROUP_SIZE: u32 = 256u;
+
+fn kiln_len() -> u32 {
+    return kiln_params[0];
+}
+
+fn kiln_input_len(k: u32) -> u32 {
+    return kiln_params[1u + k];
+}
+
+// The element of invocation `lid` of workgroup `wid` in a grid of `nwg`.
+fn kiln_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return (wid.y * nwg.x + wid.x) * KILN_WORKGROUP_SIZE + lid;
+}
+";
+
+const OP: &str = "register_custom_op";
+
+/// Parse, validate and check the interface of a custom op's kernel.
+pub fn validate(name: &str, arity: usize, source: &str) -> Result<WgslKernel> {
+    let bad = |what: String| Error::invalid(OP, format!("custom op {name}: WGSL kernel: {what}"));
+    // WebGPU guarantees 8 storage buffers per stage; binding 0 is kiln's.
+    if arity + 2 > 8 {
+        return Err(bad(format!("{arity} inputs need {} storage buffers; WebGPU guarantees 8", arity + 2)));
+    }
+    let full = format!("{source}\n{PRELUDE}");
+    let module = naga::front::wgsl::parse_str(&full)
+        .map_err(|e| bad(format!("does not parse:\n{}", e.emit_to_string(&full))))?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .map_err(|e| bad(format!("does not validate:\n{}", e.emit_to_string(&full))))?;
+    let Some((entry_index, entry)) = module.entry_points.iter().enumerate().find(|(_, e)| e.name == "main") else {
+        return Err(bad("has no entry point `main`".to_string()));
+    };
+    if entry.stage != ShaderStage::Compute {
+        return Err(bad("`main` is not a @compute entry point".to_string()));
+    }
+    if entry.workgroup_size != [WORKGROUP_SIZE, 1, 1] {
+        return Err(bad(format!(
+            "`main` has @workgroup_size{:?}; custom kernels use @workgroup_size({WORKGROUP_SIZE})",
+            entry.workgroup_size
+        )));
+    }
+    let uses = info.get_entry_point(entry_index);
+    let mut bindings: Vec<Option<DType>> = vec![None; arity + 1];
+    for (handle, var) in module.global_variables.iter() {
+        let Some(binding) = var.binding else { continue };
+        let var_name = var.name.clone().unwrap_or_default();
+        if binding.group != 0 {
+            return Err(bad(format!("`{var_name}` is in group {}; custom kernels use group 0 only", binding.group)));
+        }
+        let used = !uses[handle].is_empty();
+        if binding.binding == 0 {
+            if var_name != "kiln_params" {
+                return Err(bad(format!("`{var_name}` uses binding 0, which holds kiln's parameters")));
+            }
+            if !used {
+                return Err(bad("`main` never reads kiln_len(): it must check its index against it".to_string()));
+            }
+            continue;
+        }
+        let slot = binding.binding as usize - 1;
+        if slot > arity {
+            return Err(bad(format!(
+                "`{var_name}` uses binding {}, but an op of arity {arity} has bindings 1..={} (inputs, then \
+                 the output)",
+                binding.binding,
+                arity + 1
+            )));
+        }
+        let output = slot == arity;
+        let AddressSpace::Storage { access } = var.space else {
+            return Err(bad(format!("`{var_name}` (binding {}) is not a storage buffer", binding.binding)));
+        };
+        if output != access.contains(StorageAccess::STORE) {
+            let want = if output { "read_write (it is the output)" } else { "read (it is an input)" };
+            return Err(bad(format!("`{var_name}` (binding {}) must be {want}", binding.binding)));
+        }
+        let dtype = element_dtype(&module, var.ty).ok_or_else(|| {
+            bad(format!("`{var_name}` (binding {}) is not an array of f32, i32 or u32", binding.binding))
+        })?;
+        if !used {
+            return Err(bad(format!(
+                "`{var_name}` (binding {}) is declared but `main` never uses it",
+                binding.binding
+            )));
+        }
+        bindings[slot] = Some(dtype);
+    }
+    let bindings = bindings
+        .into_iter()
+        .enumerate()
+        .map(|(k, b)| {
+            b.ok_or_else(|| {
+                let what = if k == arity { "the output".to_string() } else { format!("input {k}") };
+                bad(format!("no binding {} for {what}", k + 1))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(WgslKernel { source: full, bindings })
+}
+
+/// The tensor dtype an `array<T>` binding holds.
+fn element_dtype(module: &naga::Module, ty: naga::Handle<naga::Type>) -> Option<DType> {
+    let TypeInner::Array { base, .. } = module.types[ty].inner else { return None };
+    let TypeInner::Scalar(scalar) = module.types[base].inner else { return None };
+    match (scalar.kind, scalar.width) {
+        (ScalarKind::Float, 4) => Some(DType::F32),
+        (ScalarKind::Sint, 4) => Some(DType::I32),
+        (ScalarKind::Uint, 4) => Some(DType::Bool),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::validate;
+
+    const GOOD: &str = "
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = kiln_index(wid, nwg, lid);
+    if (i >= kiln_len()) { return; }
+    y[i] = 2.0 * x[i];
+}
+";
+
+    fn error(source: &str, arity: usize) -> String {
+        validate("T", arity, source).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_kernel_following_the_contract_passes() {
+        let k = validate("T", 1, GOOD).unwrap();
+        assert_eq!(k.bindings, vec![crate::DType::F32, crate::DType::F32]);
+        assert!(k.source.contains("fn kiln_index"));
+    }
+
+    #[test]
+    fn bad_kernels_are_refused_with_the_reason() {
+        let e = error(&GOOD.replace("2.0 * x[i]", "2.0 * x[i] +"), 1);
+        assert!(e.contains("does not parse") && e.contains(":10:"), "{e}");
+        let e = error(&GOOD.replace("2.0 * x[i]", "x[i] + 1u"), 1);
+        assert!(e.contains("does not"), "{e}");
+        assert!(error(&GOOD.replace("fn main", "fn run"), 1).contains("no entry point `main`"));
+        assert!(error(&GOOD.replace("(256)", "(64)"), 1).contains("@workgroup_size"));
+        assert!(error(GOOD, 2).contains("must be read (it is an input)"), "{}", error(GOOD, 2));
+        assert!(error(&GOOD.replace("read_write> y", "read> y"), 1).contains("must be read_write"));
+        let vector = GOOD.replace("array<f32>;\n@group(0) @binding(2)", "array<vec2<f32>>;\n@group(0) @binding(2)");
+        assert!(error(&vector.replace("2.0 * x[i]", "2.0 * x[i].x"), 1).contains("not an array of f32"));
+        let unchecked = GOOD.replace("if (i >= kiln_len()) { return; }", "");
+        assert!(error(&unchecked, 1).contains("kiln_len"));
+        assert!(error(&GOOD.replace("2.0 * x[i]", "2.0"), 1).contains("never uses it"));
+    }
+}
