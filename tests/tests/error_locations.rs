@@ -181,13 +181,13 @@ fn wgpu_index_checks() {
     let graph = Graph::new(&device);
     let x = graph.tensor_from(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
     let index = graph.tensor_from(&[0i32, 9], &[2]).unwrap();
+    // The check runs on the GPU after the node: the error points at the
+    // read that surfaced it (the CPU points at the node's line).
     let picked = x.index_select(0, index).unwrap();
-    let line = above();
-    here(picked.to_vec_blocking::<f32>(), line);
+    here(picked.to_vec_blocking::<f32>(), above() + 1);
     // The same graph still reads good values afterwards.
     assert_eq!(x.sum_all().unwrap().item_blocking().unwrap(), 10.0);
     let labels = graph.tensor_from(&[0i32, 5], &[2]).unwrap();
     let loss = cross_entropy(x, labels).unwrap();
-    let line = above();
-    here(loss.item_blocking(), line);
+    here(loss.item_blocking(), above() + 1);
 }

@@ -18,32 +18,32 @@ fn close(got: f64, want: f64, tol: f64) {
     assert!(((got - want) / want).abs() <= tol, "got {got}, want {want} (relative tolerance {tol})");
 }
 
-fn sums(device: &Device, tol: f64) {
+fn sums(device: &Device, n: usize, tol: f64) {
     let graph = Graph::new(device);
-    let ones = graph.ones(&[N], DType::F32).unwrap();
-    assert_eq!(ones.sum_all().unwrap().item_blocking().unwrap(), N as f64, "sum of 2^26 ones");
-    assert_eq!(ones.mean_all().unwrap().item_blocking().unwrap(), 1.0, "mean of 2^26 ones");
+    let ones = graph.ones(&[n], DType::F32).unwrap();
+    assert_eq!(ones.sum_all().unwrap().item_blocking().unwrap(), n as f64, "sum of {n} ones");
+    assert_eq!(ones.mean_all().unwrap().item_blocking().unwrap(), 1.0, "mean of {n} ones");
     // Rows of a matrix, and the columns of its transpose, summed too.
-    let rows = ones.reshape_to(&[4, N / 4]).unwrap().sum(&[1], false).unwrap();
-    assert_eq!(rows.to_vec_blocking::<f32>().unwrap(), vec![(N / 4) as f32; 4]);
-    let cols = ones.reshape_to(&[N / 4, 4]).unwrap().sum(&[0], false).unwrap();
-    assert_eq!(cols.to_vec_blocking::<f32>().unwrap(), vec![(N / 4) as f32; 4]);
+    let rows = ones.reshape_to(&[4, n / 4]).unwrap().sum(&[1], false).unwrap();
+    assert_eq!(rows.to_vec_blocking::<f32>().unwrap(), vec![(n / 4) as f32; 4]);
+    let cols = ones.reshape_to(&[n / 4, 4]).unwrap().sum(&[0], false).unwrap();
+    assert_eq!(cols.to_vec_blocking::<f32>().unwrap(), vec![(n / 4) as f32; 4]);
 
     // 0, 1, 2, 3, 0, 1, ...: mean 1.5, population variance 1.25.
     let pattern = graph.tensor_from(&[0.0f32, 1.0, 2.0, 3.0], &[1, 4]).unwrap();
-    let x = pattern.expand(&[N / 4, 4]).unwrap().reshape_to(&[N]).unwrap();
+    let x = pattern.expand(&[n / 4, 4]).unwrap().reshape_to(&[n]).unwrap();
     close(x.mean_all().unwrap().item_blocking().unwrap(), 1.5, tol);
     close(x.var(&[0], false, 0).unwrap().item_blocking().unwrap(), 1.25, tol);
 
     // MSE of 0.5 against 0 over 2^26 values: 0.25 (the probe was 22 % off).
-    let prediction = graph.full(&[N / 64, 64], 0.5, DType::F32).unwrap();
-    let target = graph.zeros(&[N / 64, 64], DType::F32).unwrap();
+    let prediction = graph.full(&[n / 64, 64], 0.5, DType::F32).unwrap();
+    let target = graph.zeros(&[n / 64, 64], DType::F32).unwrap();
     close(mse_loss(prediction, target).unwrap().item_blocking().unwrap(), 0.25, tol);
 
     // Cross-entropy of equal logits over 2^26 scores: ln 64 per row.
-    let logits = graph.zeros(&[N / 64, 64], DType::F32).unwrap();
+    let logits = graph.zeros(&[n / 64, 64], DType::F32).unwrap();
     let labels = graph.arange(0.0, 1.0, 64, DType::I32).unwrap().reshape_to(&[1, 64]).unwrap();
-    let labels = labels.expand(&[N / 64 / 64, 64]).unwrap().reshape_to(&[N / 64]).unwrap();
+    let labels = labels.expand(&[n / 64 / 64, 64]).unwrap().reshape_to(&[n / 64]).unwrap();
     close(cross_entropy(logits, labels).unwrap().item_blocking().unwrap(), 64f64.ln(), tol);
 }
 
@@ -75,7 +75,7 @@ fn long_matmul(device: &Device, tol: f64) {
 
 #[test]
 fn cpu_sums_of_2_pow_26() {
-    sums(&Device::cpu(), 1e-6);
+    sums(&Device::cpu(), N, 1e-6);
 }
 
 #[test]
@@ -189,11 +189,13 @@ fn vulkan_k_split_does_not_depend_on_the_scratch_cap() {
     }
 }
 
+/// 2^25 f32 values (128 MiB) is the largest tensor lavapipe binds
+/// (max_storage_buffer_binding_size), so the Vulkan run stops there.
 #[test]
-#[ignore = "2^26 elements on lavapipe take minutes on a 2-core machine; the 2^23 tests above run in CI"]
-fn vulkan_sums_of_2_pow_26() {
+#[ignore = "about a minute on lavapipe on the shared 2-core machine; the 2^23 tests above run in CI"]
+fn vulkan_sums_of_the_largest_bindable_tensor() {
     if let Some(device) = common::vulkan_device("large_reductions") {
-        sums(&device, 1e-5);
+        sums(&device, N / 2, 1e-5);
     }
 }
 

@@ -189,7 +189,14 @@ impl Products<'_, '_> {
                 let params = [word(OP, outputs)?, word(OP, items)?];
                 let grid = be.grid_for(OP, outputs * groups)?;
                 if groups == 1 {
-                    return be.launch(OP, Kernel::MatMul, "combine", &[(1, input), (3, dest.arg(outputs))], &params, grid);
+                    return be.launch(
+                        OP,
+                        Kernel::MatMul,
+                        "combine",
+                        &[(1, input), (3, dest.arg(outputs))],
+                        &params,
+                        grid,
+                    );
                 }
                 let next = be.scratch(DType::F32, groups * outputs)?;
                 let output = Arg::Buffer { id: next, dtype: DType::F32, len: groups * outputs, write: true };

@@ -3,10 +3,10 @@
 //! blocks reduced over several workgroups and passes in the summation rule's
 //! order (docs/reductions.md).
 
+use kiln_core::backend::BufferId;
 use kiln_core::backend::{checks, TensorRef};
 use kiln_core::op::ReduceOp;
 use kiln_core::shape::AxisSet;
-use kiln_core::backend::BufferId;
 use kiln_core::{DType, Result};
 
 use super::elementwise::contiguous;
@@ -78,33 +78,31 @@ fn passes(
 ) -> Result<()> {
     let mut items = leaves;
     let mut input: Option<BufferId> = None;
-    let result = (|| {
-        loop {
-            let groups = items.div_ceil(FAN_IN);
-            params[36] = word(name, groups)?;
-            params[37] = word(name, items)?;
-            let total = outputs.checked_mul(groups).ok_or_else(|| too_many(name, outputs, groups))?;
-            let grid = be.ctx().grid(name, total as u64)?;
-            let source = match input {
-                None => (1, Arg::input(x)),
-                Some(id) => (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * items, write: false }),
-            };
-            let first = input.is_none();
-            if groups == 1 {
-                let entry = if first { "leaves_to_out" } else { "parts_to_out" };
-                return be.launch(name, kernel, entry, &[source, (2, Arg::output(out))], &params, grid);
-            }
-            let len = 2 * total;
-            let parts = be.scratch(PART_DTYPE, len)?;
-            let entry = if first { "leaves_to_parts" } else { "parts_to_parts" };
-            let sink = (3, Arg::Buffer { id: parts, dtype: PART_DTYPE, len, write: true });
-            let launched = be.launch(name, kernel, entry, &[source, sink], &params, grid);
-            if let Some(old) = input.replace(parts) {
-                be.free_scratch(old);
-            }
-            launched?;
-            items = groups;
+    let result = (|| loop {
+        let groups = items.div_ceil(FAN_IN);
+        params[36] = word(name, groups)?;
+        params[37] = word(name, items)?;
+        let total = outputs.checked_mul(groups).ok_or_else(|| too_many(name, outputs, groups))?;
+        let grid = be.ctx().grid(name, total as u64)?;
+        let source = match input {
+            None => (1, Arg::input(x)),
+            Some(id) => (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * items, write: false }),
+        };
+        let first = input.is_none();
+        if groups == 1 {
+            let entry = if first { "leaves_to_out" } else { "parts_to_out" };
+            return be.launch(name, kernel, entry, &[source, (2, Arg::output(out))], &params, grid);
         }
+        let len = 2 * total;
+        let parts = be.scratch(PART_DTYPE, len)?;
+        let entry = if first { "leaves_to_parts" } else { "parts_to_parts" };
+        let sink = (3, Arg::Buffer { id: parts, dtype: PART_DTYPE, len, write: true });
+        let launched = be.launch(name, kernel, entry, &[source, sink], &params, grid);
+        if let Some(old) = input.replace(parts) {
+            be.free_scratch(old);
+        }
+        launched?;
+        items = groups;
     })();
     if let Some(id) = input {
         be.free_scratch(id);
