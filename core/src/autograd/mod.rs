@@ -9,8 +9,10 @@
 
 pub mod rules;
 mod segment;
+mod vjp;
 
 pub use segment::{checkpoint, checkpoint_many};
+pub use vjp::{custom_vjp, custom_vjp_many, VjpBackward};
 
 use smallvec::SmallVec;
 
@@ -91,15 +93,19 @@ fn build_gradients(graph: &Graph, root: NodeId, seed: NodeId) -> Result<Vec<Opti
 /// A checkpointed segment is handled as one unit (see `segment`); its
 /// copy is walked by a nested call, so the depth of that recursion is the
 /// nesting depth of the user's `checkpoint` calls, never the graph's size.
+/// A custom-gradient region is one unit too (see `vjp`).
 fn walk(graph: &Graph, grads: &mut Vec<Option<NodeId>>, lo: NodeId, hi: NodeId) -> Result<()> {
-    let segments = graph.top_segments(lo, hi);
-    let mut next = segments.iter().peekable();
+    let units = graph.top_units(lo, hi);
+    let mut next = units.iter().peekable();
     let mut id = hi;
     while id > lo {
         id -= 1;
-        if let Some(&seg) = next.next_if(|s| id < s.end) {
-            segment::replay_segment(graph, grads, seg, id + 1)?;
-            id = seg.start;
+        if let Some(&unit) = next.next_if(|u| id < u.end()) {
+            match unit {
+                segment::Unit::Segment(seg) => segment::replay_segment(graph, grads, seg, id + 1)?,
+                segment::Unit::Vjp { index, .. } => vjp::apply_vjp(graph, grads, index, id + 1)?,
+            }
+            id = unit.start();
             continue;
         }
         differentiate_node(graph, grads, id)?;
