@@ -151,17 +151,20 @@ impl<'g> Tensor<'g> {
     /// added into every parameter's `grad` and kept for leaf variables and
     /// `retain_grad` tensors. The graph is consumed: another backward over it
     /// is an error (see `backward_with_options` to keep it).
+    #[track_caller]
     pub fn backward(self) -> Result<()> {
         self.backward_with_options(BackwardOptions::default())
     }
 
     /// Backward from a non-scalar root with an explicit cotangent.
+    #[track_caller]
     pub fn backward_with(self, seed: Tensor<'g>) -> Result<()> {
         self.backward_with_options(BackwardOptions { seed: Some(seed), keep_graph: false })
     }
 
     /// Backward with every option. Failure-atomic: on error, no parameter,
     /// gradient or graph node has changed.
+    #[track_caller]
     pub fn backward_with_options(self, options: BackwardOptions<'g>) -> Result<()> {
         self.backward_observed(options, &mut |_, _| Ok(()))
     }
@@ -177,7 +180,17 @@ impl<'g> Tensor<'g> {
     /// its contents are not final until `backward` returns, so read it there
     /// only after. An error from `grad_ready` fails the backward pass
     /// (failure-atomic, as above).
+    #[track_caller]
     pub fn backward_observed(
+        self,
+        options: BackwardOptions<'g>,
+        grad_ready: &mut dyn FnMut(&Param, BufferId) -> Result<()>,
+    ) -> Result<()> {
+        let caller = std::panic::Location::caller();
+        self.backward_unlocated(options, grad_ready).map_err(|e| e.or_at(caller))
+    }
+
+    fn backward_unlocated(
         self,
         options: BackwardOptions<'g>,
         grad_ready: &mut dyn FnMut(&Param, BufferId) -> Result<()>,
@@ -326,7 +339,18 @@ impl Graph {
     /// this graph that are themselves differentiable (higher order: take the
     /// `grad` of a gradient). Nothing is accumulated anywhere and the graph
     /// is not consumed. A `wrt` tensor the root does not depend on gets zeros.
+    #[track_caller]
     pub fn grad<'g>(
+        &'g self,
+        root: Tensor<'g>,
+        wrt: &[Tensor<'g>],
+        seed: Option<Tensor<'g>>,
+    ) -> Result<Vec<Tensor<'g>>> {
+        let caller = std::panic::Location::caller();
+        self.grad_unlocated(root, wrt, seed).map_err(|e| e.or_at(caller))
+    }
+
+    fn grad_unlocated<'g>(
         &'g self,
         root: Tensor<'g>,
         wrt: &[Tensor<'g>],
