@@ -120,7 +120,7 @@ pub fn op_case(name: &str) -> Option<Case> {
     }
     if let Some(op) = crate::op::custom::find(name) {
         let inputs = op.sample()?.to_vec();
-        return Some(OpCase { name: op.name(), inputs, build: boxed(move |_, x| op.apply(x)) });
+        return case(op.name(), inputs, move |_, x| op.apply(x));
     }
     match name {
         "Input" => case("Input", vec![mat(2, 2)], |g, x| {
