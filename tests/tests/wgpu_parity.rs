@@ -28,8 +28,8 @@
 
 mod common;
 
+use kiln::host_rng::SplitMix64;
 use kiln::prelude::*;
-use kiln::rng::SplitMix64;
 use kiln::{BinaryOp, CompareOp, ErrorKind, Op, ReduceOp, UnaryOp, Window2d};
 use kiln_wgsl::WgpuOptions;
 

@@ -5,9 +5,9 @@ use crate::device::Device;
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
+use crate::host_rng::SplitMix64;
 use crate::memory::try_from_fn;
 use crate::param::Param;
-use crate::rng::SplitMix64;
 use crate::shape::check_shape;
 
 /// y = x · Wᵀ + b, with W stored [out, in] as in PyTorch (the transpose is
