@@ -118,7 +118,7 @@ impl BlockingParam for Param {
 
 /// Blocking gradient checks (see `kiln_core::gradcheck`).
 pub mod gradcheck {
-    pub use kiln_core::gradcheck::{CheckInput, GradcheckOptions, GradcheckReport, Mismatch};
+    pub use kiln_core::gradcheck::{case, BoxedFn, Case, CheckInput, GradcheckOptions, GradcheckReport, Mismatch};
     use kiln_core::{Device, Graph, Result, Tensor};
 
     pub fn gradcheck(
