@@ -202,6 +202,11 @@ struct BenchArgs {
     /// the char-level GPT; with --distributed: allreduce, W1).
     #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
+    /// Instead of the workloads: N W1 training steps (after 50 warm-up
+    /// steps), printing RSS and device memory at the start and the end and
+    /// their growth in percent.
+    #[arg(long, value_name = "N")]
+    soak: Option<usize>,
 }
 
 /// The short backend label of BENCHMARKS.md's JSON lines.
@@ -542,9 +547,18 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             "--distributed needs a kiln built with MPI support: cargo build --release -p kiln --features mpi",
         ));
     }
+    if args.soak == Some(0) {
+        return Err(Error::invalid("bench", "--soak needs at least 1 step"));
+    }
     let device = Device::from_name(&args.device)?;
     let backend = backend_label(&device);
     eprintln!("kiln bench on {}", device.name());
+    if let Some(steps) = args.soak {
+        let report = bench::soak(&device, backend, steps, 50)?;
+        eprintln!("{}", report.text());
+        println!("{}", report.json());
+        return Ok(());
+    }
     for w in &args.workloads {
         let result = match w.to_ascii_uppercase().as_str() {
             "W1" => bench::w1_mlp_step(&device, backend, 100)?,
