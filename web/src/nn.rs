@@ -101,7 +101,7 @@ fn shape_array(dims: &[usize]) -> IntList {
 }
 
 fn forward_with(module: &dyn Module, x: &Tensor) -> Res<Tensor> {
-    x.map(|t: CoreTensor<'static>| module.forward(t))
+    x.map(|t| module.forward(t))
 }
 
 fn wrap_params(params: Vec<kiln_core::Param>) -> Vec<Param> {

@@ -40,7 +40,7 @@ fn stale_handle_after_reset_is_a_clear_error() {
     // A new tensor at the same node id is a different generation: the old
     // handle still refuses and the new one works.
     let b = g.from_host(HostData::F32(vec![5.0, 6.0]), &[2]).unwrap();
-    assert_eq!(b.index, a.index);
+    assert_eq!(b.id.node(), a.id.node());
     assert!(a.read_now().is_err());
     assert_eq!(f32s(b.read_now().unwrap()), vec![5.0, 6.0]);
     // Mixing steps is refused too.
