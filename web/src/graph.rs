@@ -136,16 +136,6 @@ impl Graph {
         Ok(self.shared.register(&slot, tensor))
     }
 
-    /// Run `f` on the live graph and register every tensor it returns.
-    pub(crate) fn make_many(
-        &self,
-        f: impl for<'g> FnOnce(&'g CoreGraph) -> kiln_core::Result<Vec<CoreTensor<'g>>>,
-    ) -> Res<Vec<Tensor>> {
-        let slot = self.shared.current()?;
-        let tensors = f(&slot.graph)?;
-        Ok(tensors.into_iter().map(|t| self.shared.register(&slot, t)).collect())
-    }
-
     pub(crate) fn slot(&self) -> Res<Rc<Slot>> {
         self.shared.current()
     }

@@ -276,6 +276,13 @@ impl Graph {
         Ok(self.slot()?.graph.len() as u32)
     }
 
+    /// How many nodes of this step were made by the op named `name` (see
+    /// `opKinds()`), including those recorded by `backward()`.
+    #[wasm_bindgen(js_name = countOps)]
+    pub fn count_ops(&self, name: &str) -> Res<u32> {
+        Ok(self.slot()?.graph.count_ops(name) as u32)
+    }
+
     /// Whether new nodes record gradient structure.
     #[wasm_bindgen(getter, js_name = gradEnabled)]
     pub fn grad_enabled(&self) -> Res<bool> {
@@ -345,7 +352,6 @@ impl Graph {
 }
 
 impl Tensor {
-
     /// Binary op with a tensor or number operand (native tests use this).
     pub(crate) fn binary_with(
         &self,

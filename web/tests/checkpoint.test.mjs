@@ -1,0 +1,124 @@
+// Checkpoints across native kiln, Node.js and Chromium (web/examples/resume.rs
+// and tests/resume.mjs): the parity run trained 10 steps natively, saved,
+// resumed for 10 steps in Node and in Chromium (wasm CPU), against 20
+// uninterrupted native steps; the reverse (10 steps in JS, resumed
+// natively); and a resume from JS's own checkpoint against its
+// uninterrupted run; WebGPU within the parity tolerance. Checkpoints move
+// as files (Node: saveCheckpoint/loadCheckpoint), over HTTP (the page's
+// loadCheckpoint fetches them) and as a download (the page's saveCheckpoint).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { execFileSync } from 'node:child_process';
+import * as k from '../pkg/node.mjs';
+import { resumeRuns } from './resume.mjs';
+import { launch, server, webDir } from './helpers.mjs';
+
+const dir = path.join(webDir, 'test-output', 'resume');
+const TOL = 1e-4;
+let native, node, srv;
+
+function runNative() {
+  const out = execFileSync('cargo', ['run', '--quiet', '--release', '-p', 'kiln-web', '--example', 'resume', '--', dir],
+    { cwd: path.join(webDir, '..'), encoding: 'utf8' });
+  return JSON.parse(out);
+}
+
+/** Bit-identical f32 losses (native prints them with 9 significant digits). */
+function sameBits(got, want, what) {
+  assert.equal(got.length, want.length, `${what}: length`);
+  for (let i = 0; i < got.length; i++) {
+    assert.ok(Object.is(Math.fround(got[i]), Math.fround(want[i])), `${what} step ${i}: ${got[i]} vs ${want[i]}`);
+  }
+}
+
+function close(got, want, what) {
+  let worst = 0;
+  for (let i = 0; i < got.length; i++) {
+    const err = Math.abs(got[i] - want[i]) / (1 + Math.abs(want[i]));
+    worst = Math.max(worst, err);
+    assert.ok(err <= TOL, `${what} step ${i}: ${got[i]} vs ${want[i]}`);
+  }
+  return worst;
+}
+
+const bytesEqual = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+// An optimizer file's metadata is a map whose key order varies between
+// saves; its tensor data (after the 8-byte length and the JSON header) is
+// compared byte for byte.
+const tensorData = (bytes) => bytes.slice(8 + Number(new DataView(new Uint8Array(bytes).buffer).getBigUint64(0, true)));
+
+before(async () => {
+  fs.rmSync(dir, { recursive: true, force: true });
+  fs.mkdirSync(dir, { recursive: true });
+  native = runNative();
+  assert.equal(native.losses.length, 20);
+  srv = await server();
+});
+after(async () => { await srv?.close(); });
+
+test('native -> Node.js (files) -> native: resumed runs match the uninterrupted ones bit for bit', async (t) => {
+  const kiln = await k.Kiln.create();
+  node = await resumeRuns(k, kiln, (name, into) => k.loadCheckpoint(path.join(dir, `${name}.safetensors`), into));
+  sameBits(node.fromJs, node.uninterrupted.slice(10), 'Node: resumed from its own step-10 checkpoint vs uninterrupted');
+  assert.ok(bytesEqual(node.fromJs20, node.js20), 'Node: same model bytes after 20 steps, resumed or not');
+  sameBits(node.uninterrupted, native.losses, 'Node uninterrupted vs native uninterrupted');
+  sameBits(node.fromNative, native.losses.slice(10), 'native step 10 -> Node steps 11-20 vs native 20 steps');
+  assert.ok(bytesEqual(node.fromNative20, [...fs.readFileSync(path.join(dir, 'native20.model.safetensors'))]),
+    'Node resumed from native: model bytes after step 20 equal native\'s');
+  // The reverse: Node's step-10 checkpoint, resumed natively.
+  await k.saveCheckpoint(path.join(dir, 'js10.model.safetensors'), { stateDict: async () => new Uint8Array(node.js10.model) });
+  await k.saveCheckpoint(path.join(dir, 'js10.optim.safetensors'), { stateDict: async () => new Uint8Array(node.js10.optim) });
+  const back = runNative();
+  sameBits(back.fromJs, node.uninterrupted.slice(10), 'Node step 10 -> native steps 11-20 vs Node 20 steps');
+  assert.ok(bytesEqual([...fs.readFileSync(path.join(dir, 'fromjs20.model.safetensors'))], node.js20), 'native resumed from Node: model bytes after step 20 equal Node\'s');
+  t.diagnostic(`losses ${native.losses[0].toFixed(4)} -> ${native.losses[19].toFixed(4)}; 20 steps, checkpoint at 10; all bit-identical`);
+});
+
+test('native -> Chromium (wasm CPU, fetch + download): bit-identical to Node and native', async (t) => {
+  assert.ok(node, 'needs the Node run');
+  const browser = await launch({ webgpu: false });
+  try {
+    const page = await browser.newPage();
+    const logs = [];
+    page.on('console', (m) => logs.push(`[${m.type()}] ${m.text()}`));
+    const download = page.waitForEvent('download', { timeout: 120000 });
+    await page.goto(`${srv.url}/tests/checkpoint.html?device=cpu`);
+    await page.waitForFunction(() => window.__kilnResume !== undefined, null, { timeout: 120000 });
+    const value = await page.evaluate(() => window.__kilnResume);
+    assert.ok(!value.fatal, `${value.fatal}\n${logs.join('\n')}`);
+    assert.equal(value.device, 'cpu');
+    sameBits(value.fromNative, native.losses.slice(10), 'Chromium resumed from native vs native 20 steps');
+    sameBits(value.uninterrupted, node.uninterrupted, 'Chromium vs Node uninterrupted');
+    sameBits(value.fromJs, value.uninterrupted.slice(10), 'Chromium resumed from its own checkpoint');
+    assert.ok(bytesEqual(value.js10.model, node.js10.model) && bytesEqual(tensorData(value.js10.optim), tensorData(node.js10.optim)), 'Chromium\'s step-10 checkpoint = Node\'s');
+    const d = await download;
+    assert.equal(d.suggestedFilename(), 'kiln-model.safetensors');
+    const file = path.join(dir, 'downloaded.safetensors');
+    await d.saveAs(file);
+    assert.ok(bytesEqual([...fs.readFileSync(file)], value.js20), 'the downloaded file holds the model\'s bytes');
+    t.diagnostic('Chromium CPU: resumed losses and checkpoint bytes identical to Node and native; download verified');
+  } finally {
+    await browser.close();
+  }
+});
+
+test('native -> Chromium (WebGPU): resumed within the parity tolerance', async (t) => {
+  const browser = await launch({ webgpu: true });
+  try {
+    const page = await browser.newPage();
+    const logs = [];
+    page.on('console', (m) => logs.push(`[${m.type()}] ${m.text()}`));
+    await page.goto(`${srv.url}/tests/checkpoint.html?device=webgpu`);
+    await page.waitForFunction(() => window.__kilnResume !== undefined, null, { timeout: 300000 });
+    const value = await page.evaluate(() => window.__kilnResume);
+    assert.ok(!value.fatal, `${value.fatal}\n${logs.slice(0, 5).join('\n')}`);
+    assert.equal(value.device, 'webgpu');
+    const a = close(value.fromNative, native.losses.slice(10), 'WebGPU resumed from native vs native');
+    const b = close(value.fromJs, value.uninterrupted.slice(10), 'WebGPU resumed from its own checkpoint');
+    t.diagnostic(`WebGPU: max relative difference ${a.toExponential(2)} (from native), ${b.toExponential(2)} (own checkpoint); tolerance ${TOL}`);
+  } finally {
+    await browser.close();
+  }
+});
