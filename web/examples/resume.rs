@@ -3,10 +3,13 @@
 //! shuffle seed 5) for 20 steps, written with kiln-core as a Rust user
 //! would. In `dir` it writes the model and optimizer checkpoints after step
 //! 10 (`native10.model.safetensors`, `native10.optim.safetensors`) and after
-//! step 20 (`native20.*`); when `dir` holds `js10.*` (written by the
-//! JavaScript half after its own 10 steps), it also resumes those for steps
-//! 11–20 and writes `fromjs20.*`. Prints the losses as JSON (as f32 values
-//! written with 9 significant digits, enough to round-trip exactly).
+//! step 20 (`native20.*`), and resumes its own step-10 checkpoint in a fresh
+//! model and optimizer for steps 11–20 (`resumed`). When `dir` holds
+//! `js10.*` (written by the JavaScript half after its own 10 steps), it also
+//! loads those, writes them straight back (`fromjs10.*`, to show the
+//! transfer is exact), resumes them for steps 11–20 and writes `fromjs20.*`.
+//! Prints the losses as JSON (f32 values with 9 significant digits, enough
+//! to round-trip exactly).
 //!
 //! cargo run --release -p kiln-web --example resume -- DIR
 
@@ -66,18 +69,27 @@ fn main() -> kiln_core::Result<()> {
     }
     save(dir, "native20", &model, &adam)?;
 
-    let mut from_js = Vec::new();
-    let js_model = dir.join("js10.model.safetensors");
-    if js_model.exists() {
-        let read = |p: &Path| std::fs::read(p).map_err(|e| kiln_core::Error::io("resume", e.to_string()));
+    let read = |p: &Path| std::fs::read(p).map_err(|e| kiln_core::Error::io("resume", e.to_string()));
+    let resume = |name: &str, graph: &mut Graph| -> kiln_core::Result<(Vec<f32>, Sequential, Adam)> {
         let (model, mut adam) = fresh(&device)?;
-        load_state(&model, &read(&js_model)?)?;
-        load_optimizer_state(&mut adam, &read(&dir.join("js10.optim.safetensors"))?)?;
-        for batch in &batches[10..] {
-            from_js.push(step(&model, &mut adam, &mut graph, batch)?);
+        load_state(&model, &read(&dir.join(format!("{name}.model.safetensors")))?)?;
+        load_optimizer_state(&mut adam, &read(&dir.join(format!("{name}.optim.safetensors")))?)?;
+        if name == "js10" {
+            save(dir, "fromjs10", &model, &adam)?;
         }
+        let mut out = Vec::new();
+        for batch in &batches[10..] {
+            out.push(step(&model, &mut adam, graph, batch)?);
+        }
+        Ok((out, model, adam))
+    };
+    let (resumed, _, _) = resume("native10", &mut graph)?;
+    let mut from_js = Vec::new();
+    if dir.join("js10.model.safetensors").exists() {
+        let (losses, model, adam) = resume("js10", &mut graph)?;
         save(dir, "fromjs20", &model, &adam)?;
+        from_js = losses;
     }
-    println!("{{\"losses\":[{}],\"fromJs\":[{}]}}", list(&losses), list(&from_js));
+    println!("{{\"losses\":[{}],\"resumed\":[{}],\"fromJs\":[{}]}}", list(&losses), list(&resumed), list(&from_js));
     Ok(())
 }

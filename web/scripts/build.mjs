@@ -54,8 +54,9 @@ fs.writeFileSync(path.join(pkg, 'node', 'package.json'), '{ "type": "commonjs" }
 for (const dir of ['web', 'node']) {
   const dts = path.join(pkg, dir, 'kiln_web.d.ts');
   const text = fs.readFileSync(dts, 'utf8')
+    .replace(/(\/\*\*(?:(?!\*\/)[\s\S])*\*\/\s*)?export function start\(\): void;\n?/, '')
     .split('\n')
-    .filter((line) => !/^\s*\[Symbol\.dispose\]\(\): void;\s*$/.test(line) && !/^export function start\(\): void;$/.test(line))
+    .filter((line) => !/^\s*\[Symbol\.dispose\]\(\): void;\s*$/.test(line))
     .join('\n');
   fs.writeFileSync(dts, text);
 }

@@ -43,6 +43,8 @@ export async function resumeRuns(k, kiln, load) {
   const b = fresh(k, kiln);
   await load('native10.model', b.model);
   await load('native10.optim', b.adam);
+  // Written straight back: the transfer itself must be exact.
+  out.native10Echo = { model: [...await b.model.stateDict()], optim: [...await b.adam.stateDict()] };
   out.fromNative = await steps(k, kiln, b, data, 10, 20);
   out.fromNative20 = [...await b.model.stateDict()];
 
