@@ -273,12 +273,19 @@ fn load_optimizer<O: OptimizerState>(
         file.names().into_iter().filter(|name| !expected.contains(*name)).map(str::to_string).collect();
     unexpected.sort();
     check_match(OP, "optimizer", &missing, &unexpected, &mismatched)?;
-    optimizer.write_state(&state)?;
-    optimizer.set_step_count(step);
     let group_lrs = match metadata.get("group_lrs") {
         Some(text) => Some(split_numbers(OP, "group_lrs", text)?),
         None => None,
     };
+    let groups = optimizer.group_learning_rates().len();
+    if let Some(lrs) = group_lrs.as_ref().filter(|lrs| lrs.len() != groups) {
+        return Err(Error::invalid(
+            OP,
+            format!("the file has {} parameter groups' learning rates, the optimizer {groups} groups", lrs.len()),
+        ));
+    }
+    optimizer.write_state(&state)?;
+    optimizer.set_step_count(step);
     let schedule_state = match scheduler.as_ref() {
         None => None,
         Some(_) => {

@@ -7,20 +7,10 @@
 use crate::device::Device;
 use crate::dtype::{DType, HostData};
 use crate::error::Result;
-use crate::gradcheck::{gradcheck, gradgradcheck, CheckInput, GradcheckOptions};
+use crate::gradcheck::{gradcheck, gradgradcheck, BoxedFn, Case, CheckInput};
 use crate::graph::{Graph, Tensor};
 use crate::op::{BinaryOp, CompareOp, Domain, Op, ReduceOp, UnaryOp, Window2d};
 use crate::ops::SliceSpec;
-
-/// A function of graph tensors, as the checks take it.
-pub type BuildFn = Box<dyn for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>>;
-
-/// A small instance of one op: f64 inputs and the function applying it.
-pub struct OpCase {
-    pub name: &'static str,
-    pub inputs: Vec<CheckInput>,
-    pub build: BuildFn,
-}
 
 /// What the report says about one op.
 #[derive(Clone, Debug)]
@@ -74,38 +64,38 @@ pub fn sample(domain: Domain, dims: &[usize]) -> CheckInput {
     input(&values, dims)
 }
 
-fn boxed(f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static) -> BuildFn {
+fn boxed(f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static) -> BoxedFn {
     Box::new(f)
 }
 
-fn case(
-    name: &'static str,
-    inputs: Vec<CheckInput>,
-    build: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static,
-) -> Option<OpCase> {
-    Some(OpCase { name, inputs, build: Box::new(build) })
-}
-
-/// The sample for an op name (every name of `Op::kind_names()` has one).
-pub fn op_case(name: &str) -> Option<OpCase> {
+/// The sample case for an op name (every name of `Op::kind_names()` has
+/// one): a small instance of the op, of the same `gradcheck::Case` type the
+/// test suites' tables hold.
+pub fn op_case(name: &str) -> Option<Case> {
+    fn case(
+        name: &str,
+        inputs: Vec<CheckInput>,
+        build: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static,
+    ) -> Option<Case> {
+        Some(crate::gradcheck::case(name, inputs, build))
+    }
     let mat = |r, c| input(&ramp(r * c, -0.9, 0.13), &[r, c]);
     let image = || input(&ramp(16, -0.8, 0.11), &[1, 1, 4, 4]);
     let domains = |op: Op| op.info().elementwise.expect("element-wise").domains;
-    let unary = |u: UnaryOp| -> Option<OpCase> {
+    let unary = |u: UnaryOp| -> Option<Case> {
         let inputs = vec![sample(domains(Op::Unary(u))[0], &[2, 3])];
-        Some(OpCase { name: u.name(), inputs, build: boxed(move |_, x| x[0].unary(u)) })
+        case(u.name(), inputs, move |_, x| x[0].unary(u))
     };
-    let binary = |b: BinaryOp| -> Option<OpCase> {
+    let binary = |b: BinaryOp| -> Option<Case> {
         let [da, db] = domains(Op::Binary(b));
         let inputs = vec![sample(da, &[2, 3]), sample(db, &[3])];
-        Some(OpCase { name: b.name(), inputs, build: boxed(move |_, x| x[0].binary(b, x[1])) })
+        case(b.name(), inputs, move |_, x| x[0].binary(b, x[1]))
     };
-    let compare = |c: CompareOp| -> Option<OpCase> {
-        let build = boxed(move |_, x| x[0].compare(c, x[1]));
-        Some(OpCase { name: c.name(), inputs: vec![mat(2, 3), input(&[0.05, -0.35, 0.6], &[3])], build })
+    let compare = |c: CompareOp| -> Option<Case> {
+        case(c.name(), vec![mat(2, 3), input(&[0.05, -0.35, 0.6], &[3])], move |_, x| x[0].compare(c, x[1]))
     };
-    let reduce = |r: ReduceOp| -> Option<OpCase> {
-        let build: BuildFn = match r {
+    let reduce = |r: ReduceOp| -> Option<Case> {
+        let build: BoxedFn = match r {
             ReduceOp::Sum => boxed(|_, x| x[0].sum(&[0, 2], true)),
             ReduceOp::Max => boxed(|_, x| x[0].max(&[1, 2], false)),
             ReduceOp::Min => boxed(|_, x| x[0].min(&[0], false)),
@@ -113,7 +103,8 @@ pub fn op_case(name: &str) -> Option<OpCase> {
             ReduceOp::ArgMax => boxed(|_, x| x[0].argmax(&[1], false)),
             ReduceOp::ArgMin => boxed(|_, x| x[0].argmin(&[2], false)),
         };
-        Some(OpCase { name: r.name(), inputs: vec![input(&ramp(12, 0.4, 0.1), &[2, 2, 3])], build })
+        let inputs = vec![input(&ramp(12, 0.4, 0.1), &[2, 2, 3])];
+        case(r.name(), inputs, build)
     };
     if let Some(&u) = UnaryOp::ALL.iter().find(|u| u.name() == name) {
         return unary(u);
@@ -178,7 +169,6 @@ pub fn op_case(name: &str) -> Option<OpCase> {
 /// in `devices` whether it has a kernel for it.
 pub async fn coverage(devices: &[Device]) -> Result<Vec<OpCoverage>> {
     let cpu = Device::cpu();
-    let options = GradcheckOptions::default();
     let mut rows = Vec::new();
     for kind in Op::kinds() {
         let name = kind.name();
@@ -213,9 +203,13 @@ pub async fn coverage(devices: &[Device]) -> Result<Vec<OpCoverage>> {
         };
         let differentiable = !leaf && rule.is_ok() && out.dtype().is_float();
         let (first_order, second_order) = if differentiable {
+            let options = case.options.unwrap_or_default();
             let first = gradcheck(&cpu, &*case.build, &case.inputs, options).await?;
-            let second = gradgradcheck(&cpu, &*case.build, &case.inputs, options).await?;
-            (Some(first.worst_ratio), Some(second.worst_ratio))
+            let second = match case.second_order {
+                true => Some(gradgradcheck(&cpu, &*case.build, &case.inputs, options).await?.worst_ratio),
+                false => None,
+            };
+            (Some(first.worst_ratio), second)
         } else {
             (None, None)
         };

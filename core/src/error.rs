@@ -85,6 +85,21 @@ impl Error {
         self
     }
 
+    /// Point the error at `caller` unless it already points at a line
+    /// outside kiln (a user's line: the caller's own, or the site that
+    /// built a node that failed when it ran). Public entry points capture
+    /// `Location::caller()` and pass every error through this, so an error
+    /// raised deep inside kiln — or by a `#[track_caller]` function called
+    /// through a closure or a function pointer, which reports the standard
+    /// library's line — still names the caller's line.
+    pub fn or_at(self, caller: &'static Location<'static>) -> Error {
+        if is_internal(self.location) {
+            self.at(caller)
+        } else {
+            self
+        }
+    }
+
     /// The same error attributed to another op (the node whose buffer an
     /// allocation was for, rather than the allocator).
     pub fn for_op(mut self, op: &'static str) -> Error {
@@ -104,6 +119,28 @@ impl Error {
     pub fn location(&self) -> &'static Location<'static> {
         self.location
     }
+}
+
+/// Crates of this workspace, as directories of the workspace root (paths in
+/// `Location`s are relative to it when kiln is built there) and as the
+/// `kiln*` package directories of a registry checkout.
+const KILN_DIRS: [&str; 4] = ["core/", "native/", "kernels-wgsl/", "web/"];
+
+/// Whether `location` lies in kiln's sources or in Rust's standard library.
+pub fn is_internal(location: &Location<'_>) -> bool {
+    let file = location.file();
+    if file.starts_with("/rustc/") || file.contains("/library/core/src/") || file.contains("/library/std/src/") {
+        return true;
+    }
+    // This file is <root>/core/src/error.rs in the workspace, or
+    // <registry>/kiln-core-<version>/src/error.rs as a dependency: the
+    // directory above its crate holds kiln's other crates too.
+    let here = file!();
+    let crate_dir = here.strip_suffix("src/error.rs").unwrap_or(here);
+    let parent = crate_dir.trim_end_matches('/').rsplit_once('/').map_or("", |(p, _)| p);
+    let parent = if parent.is_empty() { String::new() } else { format!("{parent}/") };
+    let Some(rest) = file.strip_prefix(parent.as_str()) else { return false };
+    KILN_DIRS.iter().any(|d| rest.starts_with(d)) || (!parent.is_empty() && rest.starts_with("kiln"))
 }
 
 impl fmt::Display for Error {

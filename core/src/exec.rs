@@ -186,25 +186,37 @@ impl Graph {
 }
 
 impl<'g> Tensor<'g> {
-    /// The tensor's values as tagged host data.
-    pub async fn to_host(&self) -> Result<HostData> {
-        self.graph.read_node(self.id).await
+    /// The tensor's values as tagged host data. Errors (including those of
+    /// nodes that fail when they run) point at a line of the caller's code.
+    #[track_caller]
+    pub fn to_host(&self) -> impl std::future::Future<Output = Result<HostData>> + 'g {
+        let caller = std::panic::Location::caller();
+        let (graph, id) = (self.graph, self.id);
+        async move { graph.read_node(id).await.map_err(|e| e.or_at(caller)) }
     }
 
     /// The tensor's values as a `Vec<T>`; `T` must match the dtype.
-    pub async fn to_vec<T: crate::dtype::Element>(&self) -> Result<Vec<T>> {
-        T::from_host(self.to_host().await?)
+    #[track_caller]
+    pub fn to_vec<T: crate::dtype::Element>(&self) -> impl std::future::Future<Output = Result<Vec<T>>> + 'g {
+        let caller = std::panic::Location::caller();
+        let host = self.to_host();
+        async move { T::from_host(host.await?).map_err(|e| e.or_at(caller)) }
     }
 
     /// The single value of a one-element tensor, as f64.
-    pub async fn item(&self) -> Result<f64> {
-        let numel = self.numel();
-        if numel != 1 {
-            return Err(Error::shape(
+    #[track_caller]
+    pub fn item(&self) -> impl std::future::Future<Output = Result<f64>> + 'g {
+        let checked = match self.numel() {
+            1 => Ok(()),
+            _ => Err(Error::shape(
                 "item",
                 format!("item() needs a one-element tensor, this one has shape {:?}", self.dims().as_slice()),
-            ));
+            )),
+        };
+        let host = self.to_host();
+        async move {
+            checked?;
+            Ok(host.await?.to_f64_vec()[0])
         }
-        Ok(self.to_host().await?.to_f64_vec()[0])
     }
 }

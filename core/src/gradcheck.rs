@@ -106,6 +106,52 @@ fn unravel(mut flat: usize, dims: &[usize]) -> Vec<usize> {
 pub trait CheckedFn: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> {}
 impl<F> CheckedFn for F where F: for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> {}
 
+/// A checked function in a box, so that cases of different functions fit
+/// in one list.
+pub type BoxedFn = Box<dyn for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>>;
+
+/// One named gradient check: f64 inputs, the function, whether the second
+/// derivative is checked too, and tolerances of its own if it needs them.
+/// The coverage matrix's sample cases (`coverage::op_case`) and the test
+/// suites' tables are lists of these, made with [`case`].
+pub struct Case {
+    pub name: String,
+    pub inputs: Vec<CheckInput>,
+    pub build: BoxedFn,
+    /// Check `gradgradcheck` as well as `gradcheck` (the default).
+    pub second_order: bool,
+    /// None: whatever the runner uses (`GradcheckOptions::default()` for
+    /// the coverage matrix).
+    pub options: Option<GradcheckOptions>,
+}
+
+/// A case checked to first and second order with the runner's options.
+pub fn case(
+    name: impl Into<String>,
+    inputs: Vec<CheckInput>,
+    build: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static,
+) -> Case {
+    Case { name: name.into(), inputs, build: Box::new(build), second_order: true, options: None }
+}
+
+impl Case {
+    /// Only the first derivative is checked (e.g. at a point where the
+    /// second derivative has a kink, or where a second order costs too much).
+    pub fn first_order_only(mut self) -> Case {
+        self.second_order = false;
+        self
+    }
+    /// Tolerances of this case's own.
+    pub fn options(mut self, options: GradcheckOptions) -> Case {
+        self.options = Some(options);
+        self
+    }
+    /// Elements checked: the sum over inputs.
+    pub fn elements(&self) -> usize {
+        self.inputs.iter().map(|i| i.values.len()).sum()
+    }
+}
+
 /// Host data of `dtype` (f32 or f64) from f64 values.
 fn host_values(values: Vec<f64>, dtype: DType) -> Result<HostData> {
     match dtype {

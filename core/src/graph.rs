@@ -97,6 +97,9 @@ pub(crate) struct GraphState {
     /// Activation-checkpointed segments (see `autograd::segment`), in
     /// the order they were sealed.
     pub segments: Vec<Segment>,
+    /// Regions with a user-written gradient (`autograd::custom_vjp`), in
+    /// the order they were recorded.
+    pub vjps: Vec<VjpRegion>,
     /// Executor scratch, reused between executions.
     pub scratch_uses: Vec<u32>,
     pub scratch_marks: Vec<u8>,
@@ -170,6 +173,20 @@ pub(crate) struct Segment {
     pub end: NodeId,
 }
 
+/// A region with a user-written gradient: the nodes with ids in
+/// `start..end` compute `outputs` from `inputs`; the backward walk does not
+/// differentiate them but calls `backward` (see `autograd::vjp`).
+#[derive(Clone)]
+pub(crate) struct VjpRegion {
+    pub start: NodeId,
+    pub end: NodeId,
+    pub inputs: smallvec::SmallVec<[NodeId; 4]>,
+    pub outputs: smallvec::SmallVec<[NodeId; 4]>,
+    pub backward: std::rc::Rc<dyn crate::autograd::VjpBackward>,
+    /// The `custom_vjp` call, for errors found when the backward runs.
+    pub location: &'static Location<'static>,
+}
+
 /// Lengths of every arena, so a failed multi-node construction (a backward
 /// pass) can be rolled back exactly.
 #[derive(Clone, Copy)]
@@ -179,6 +196,7 @@ pub(crate) struct GraphMark {
     dims: usize,
     params: usize,
     segments: usize,
+    vjps: usize,
 }
 
 impl Graph {
@@ -195,6 +213,7 @@ impl Graph {
                 kept_grads: Vec::new(),
                 differentiated: false,
                 segments: Vec::new(),
+                vjps: Vec::new(),
                 scratch_uses: Vec::new(),
                 scratch_marks: Vec::new(),
             }),
@@ -260,6 +279,7 @@ impl Graph {
         state.params.clear();
         state.kept_grads.clear();
         state.segments.clear();
+        state.vjps.clear();
         state.differentiated = false;
         self.grad_enabled.set(true);
         self.generation.set(self.generation.get() + 1);
@@ -516,6 +536,7 @@ impl Graph {
             dims: state.dims_slab.len(),
             params: state.params.len(),
             segments: state.segments.len(),
+            vjps: state.vjps.len(),
         }
     }
 
@@ -530,6 +551,7 @@ impl Graph {
         state.dims_slab.truncate(mark.dims);
         state.params.truncate(mark.params);
         state.segments.truncate(mark.segments);
+        state.vjps.truncate(mark.vjps);
         state.kept_grads.retain(|&(a, b)| (a as usize) < mark.nodes && (b as usize) < mark.nodes);
     }
 

@@ -26,7 +26,7 @@ pub mod random;
 pub mod rng;
 pub mod shape;
 
-pub use autograd::{checkpoint, checkpoint_many, BackwardOptions};
+pub use autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, BackwardOptions};
 pub use backend::{Backend, BufferId, KernelCall, ParamUpdate, TensorRef};
 pub use device::{Device, PoolStats};
 pub use dtype::{DType, Element, HostData};

@@ -20,6 +20,10 @@ pub struct WgpuOptions {
     /// Cap the adapter's largest buffer (bytes): larger allocations are
     /// refused.
     pub max_buffer_size: Option<u64>,
+    /// Cap the scratch a matrix product with a long K holds at once for its
+    /// chunk products (bytes; default 64 MiB). Lower caps reduce the chunks
+    /// in flight, not the result: the bits do not depend on it.
+    pub max_matmul_scratch_bytes: Option<u64>,
 }
 
 impl Default for WgpuOptions {
@@ -29,6 +33,7 @@ impl Default for WgpuOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
             max_storage_buffer_binding_size: None,
             max_buffer_size: None,
+            max_matmul_scratch_bytes: None,
         }
     }
 }

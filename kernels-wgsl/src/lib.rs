@@ -82,6 +82,8 @@ pub struct WgpuBackend {
     /// Index checks of submitted executions whose status has not been read
     /// yet (only on wasm32: natively `flush` waits for them).
     pending: Rc<RefCell<Vec<PendingCheck>>>,
+    /// Bytes of chunk products a long-K matrix product may hold at once.
+    matmul_scratch_bytes: u64,
 }
 
 impl WgpuBackend {
@@ -94,6 +96,7 @@ impl WgpuBackend {
             pipelines: RefCell::default(),
             batch: RefCell::default(),
             pending: Rc::default(),
+            matmul_scratch_bytes: options.max_matmul_scratch_bytes.unwrap_or(kernels::matmul::SCRATCH_BYTES),
         })
     }
 
@@ -110,6 +113,10 @@ impl WgpuBackend {
     /// The adapter as `kiln devices` prints it.
     pub fn summary(&self) -> AdapterSummary {
         AdapterSummary::new(&self.ctx.info, &self.ctx.limits)
+    }
+
+    pub(crate) fn matmul_scratch_bytes(&self) -> u64 {
+        self.matmul_scratch_bytes.max(4)
     }
 
     pub(crate) fn ctx(&self) -> &Context {
@@ -207,6 +214,18 @@ impl WgpuBackend {
         let command = Command::Copy { src: s.buffer.clone(), dst: d.buffer.clone(), bytes: bytes_of(len) };
         self.batch.borrow_mut().push(command);
         Ok(())
+    }
+
+    /// A buffer for a kernel's intermediate values (reduction partials, K
+    /// chunks of a matrix product), outside the device's memory pool.
+    pub(crate) fn scratch(&self, dtype: DType, len: usize) -> Result<BufferId> {
+        self.buffers.borrow_mut().alloc(&self.ctx, dtype, len)
+    }
+
+    /// Release a scratch buffer. Dispatches recorded with it keep their own
+    /// handle, so it lives until they have been submitted.
+    pub(crate) fn free_scratch(&self, id: BufferId) {
+        self.buffers.borrow_mut().free(id);
     }
 
     pub(crate) fn push_check(&self, meta: batch::CheckMeta) -> u32 {

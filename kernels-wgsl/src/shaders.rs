@@ -111,11 +111,12 @@ impl Kernel {
     /// Entry points of the module (pipelines are made per entry point).
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Kernel::Reduce(..) => &["serial", "tree"],
+            Kernel::Reduce(..) => &["serial", "leaves_to_parts", "leaves_to_out", "parts_to_parts", "parts_to_out"],
             Kernel::Index(_) => &["check", "gather", "scatter"],
             Kernel::Update => &["sgd", "sgd_momentum", "adam"],
             Kernel::Window(_) => &["im2col", "col2im"],
             Kernel::Pool => &["forward", "backward"],
+            Kernel::MatMul => &["main", "combine", "accumulate"],
             Kernel::Random => &["uniform", "normal"],
             _ => &["main"],
         }

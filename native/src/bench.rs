@@ -268,3 +268,184 @@ pub fn ckpt_gpt(
     }
     Ok(results)
 }
+
+/// Memory at one point of a soak run.
+#[derive(Clone, Copy, Debug)]
+pub struct MemorySample {
+    pub step: usize,
+    /// Resident set size of this process (/proc/self/statm), bytes.
+    pub rss_bytes: u64,
+    /// The device pool's bytes handed out (`PoolStats::live_bytes`).
+    pub device_live_bytes: usize,
+    /// The device pool's bytes held from the backend, live or resting
+    /// (`PoolStats::allocated_bytes`).
+    pub device_allocated_bytes: usize,
+}
+
+/// What `kiln bench --soak N` measured.
+#[derive(Clone, Debug)]
+pub struct SoakReport {
+    pub backend: String,
+    pub steps: usize,
+    /// After the warm-up steps (pools and caches filled), and at the end.
+    pub start: MemorySample,
+    pub end: MemorySample,
+    /// Every tenth of the run, for the trend.
+    pub samples: Vec<MemorySample>,
+    pub seconds: f64,
+}
+
+fn growth_percent(start: f64, end: f64) -> f64 {
+    if start == 0.0 {
+        if end == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        (end - start) / start * 100.0
+    }
+}
+
+impl SoakReport {
+    pub fn rss_growth_percent(&self) -> f64 {
+        growth_percent(self.start.rss_bytes as f64, self.end.rss_bytes as f64)
+    }
+    pub fn device_growth_percent(&self) -> f64 {
+        growth_percent(self.start.device_allocated_bytes as f64, self.end.device_allocated_bytes as f64)
+    }
+
+    /// The report as people read it.
+    pub fn text(&self) -> String {
+        let mib = |b: f64| b / (1024.0 * 1024.0);
+        let line = |what: &str, s: &MemorySample| {
+            format!(
+                "{what} (step {}): RSS {:.1} MiB, device {:.1} MiB live / {:.1} MiB allocated",
+                s.step,
+                mib(s.rss_bytes as f64),
+                mib(s.device_live_bytes as f64),
+                mib(s.device_allocated_bytes as f64)
+            )
+        };
+        format!(
+            "soak: {} W1 training steps on {} in {:.1} s\n{}\n{}\ngrowth: RSS {:+.2} %, device allocated {:+.2} %, device live {:+.2} %",
+            self.steps,
+            self.backend,
+            self.seconds,
+            line("start", &self.start),
+            line("end  ", &self.end),
+            self.rss_growth_percent(),
+            self.device_growth_percent(),
+            growth_percent(self.start.device_live_bytes as f64, self.end.device_live_bytes as f64),
+        )
+    }
+
+    /// One JSON line, like the workloads'.
+    pub fn json(&self) -> String {
+        format!(
+            "{{\"system\":\"kiln\",\"backend\":\"{}\",\"workload\":\"SOAK\",\"steps\":{},\"seconds\":{:.1},\
+             \"rss_start\":{},\"rss_end\":{},\"rss_growth_pct\":{:.3},\"device_allocated_start\":{},\
+             \"device_allocated_end\":{},\"device_allocated_growth_pct\":{:.3},\"device_live_start\":{},\
+             \"device_live_end\":{}}}",
+            self.backend,
+            self.steps,
+            self.seconds,
+            self.start.rss_bytes,
+            self.end.rss_bytes,
+            self.rss_growth_percent(),
+            self.start.device_allocated_bytes,
+            self.end.device_allocated_bytes,
+            self.device_growth_percent(),
+            self.start.device_live_bytes,
+            self.end.device_live_bytes,
+        )
+    }
+}
+
+/// This process's resident set size: /proc/self/statm's second field
+/// (pages) times the page size (0 where /proc does not exist).
+pub fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .unwrap_or(0);
+    pages * page_size()
+}
+
+/// The kernel's page size, from the first mapping in /proc/self/smaps
+/// (4096 if that cannot be read).
+fn page_size() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("KernelPageSize:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(4096, |kb| kb * 1024)
+}
+
+fn sample(device: &Device, step: usize) -> MemorySample {
+    let stats = device.stats();
+    MemorySample {
+        step,
+        rss_bytes: resident_bytes(),
+        device_live_bytes: stats.live_bytes,
+        device_allocated_bytes: stats.allocated_bytes,
+    }
+}
+
+/// `steps` W1 training steps (the MLP 784-512-512-10, Adam, batch 128, a
+/// fresh graph each step as a training loop builds it), with memory sampled
+/// after `warmup` steps (start), every tenth of the run and at the end.
+/// Flat memory means nothing accumulates per step: not graph nodes, pooled
+/// buffers, pipelines nor host allocations.
+pub fn soak(device: &Device, backend: &str, steps: usize, warmup: usize) -> Result<SoakReport> {
+    let model = Sequential::mlp(device, &[784, 512, 512, 10], Activation::Relu, 1)?;
+    let mut optimizer = Adam::new(model.parameters(), 1e-3)?;
+    let batch = 128;
+    let images = random_vec(batch * 784, 2);
+    let mut rng = SplitMix64::new(3);
+    let labels: Vec<i32> = (0..batch).map(|_| rng.below(10) as i32).collect();
+    let mut graph = Graph::new(device);
+    let mut step = || -> Result<()> {
+        graph.reset();
+        let x = graph.tensor_from(&images, &[batch, 784])?;
+        let y = graph.tensor_from(&labels, &[batch])?;
+        let loss = cross_entropy(model.forward(x)?, y)?;
+        optimizer.zero_grad();
+        loss.backward()?;
+        optimizer.step()?;
+        loss.item_blocking()?;
+        Ok(())
+    };
+    for _ in 0..warmup {
+        step()?;
+    }
+    let started = Instant::now();
+    let start = sample(device, 0);
+    let every = (steps / 10).max(1);
+    let mut samples = vec![start];
+    for i in 1..=steps {
+        step()?;
+        if i % every == 0 || i == steps {
+            let s = sample(device, i);
+            eprintln!(
+                "soak step {i}: RSS {} KiB, device {} / {} bytes",
+                s.rss_bytes / 1024,
+                s.device_live_bytes,
+                s.device_allocated_bytes
+            );
+            samples.push(s);
+        }
+    }
+    let end = *samples.last().expect("the start sample");
+    Ok(SoakReport {
+        backend: backend.to_string(),
+        steps,
+        start,
+        end,
+        samples,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}

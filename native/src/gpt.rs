@@ -15,6 +15,7 @@ use kiln_core::optim::{Adam, LrScheduler, Optimizer, ParamGroup, Schedule};
 use kiln_core::rng::SplitMix64;
 use kiln_core::{DType, Device, Error, Graph, Result, Tensor};
 
+use crate::train::{Replicas, SingleProcess};
 use crate::Blocking;
 
 /// The model's shape.
@@ -357,19 +358,44 @@ pub fn train_step(
     shape: [usize; 2],
     grad_clip: f64,
 ) -> Result<f64> {
+    train_step_with(&mut SingleProcess, graph, model, adam, scheduler, batch, shape, 1.0, grad_clip)
+}
+
+/// One optimizer step of (possibly data-parallel) training: `batch` is this
+/// process's rows of the global batch (`shape` [rows, context]; rows may be
+/// 0), `weight` = rows / global rows. `replicas` leaves the global batch's
+/// gradient in every process's parameters, so the clipping and the step
+/// below are the same everywhere. Returns the global batch's mean loss.
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn train_step_with(
+    replicas: &mut dyn Replicas,
+    graph: &mut Graph,
+    model: &Gpt,
+    adam: &mut Adam,
+    scheduler: &mut LrScheduler,
+    batch: (&[i32], &[i32]),
+    shape: [usize; 2],
+    weight: f64,
+    grad_clip: f64,
+) -> Result<f64> {
     graph.reset();
-    let x = graph.tensor_from(batch.0, &shape)?;
-    let y = graph.tensor_from(batch.1, &shape)?;
-    let loss = lm_loss(model, x, y)?;
+    let loss = if shape[0] == 0 {
+        None
+    } else {
+        let x = graph.tensor_from(batch.0, &shape)?;
+        let y = graph.tensor_from(batch.1, &shape)?;
+        Some(lm_loss(model, x, y)?)
+    };
     adam.zero_grad();
-    loss.backward()?;
+    let loss = replicas.backward(loss, weight)?;
     if grad_clip > 0.0 {
         // The norm is read back only to report it; clipping ran on the device.
         crate::clip_grad_norm(&model.parameters(), grad_clip, 2.0)?;
     }
     adam.step()?;
     scheduler.step(adam);
-    loss.item_blocking()
+    Ok(loss)
 }
 
 /// Mean loss over `batches` random batches of `ids` (evaluation mode, no
@@ -383,16 +409,39 @@ pub fn estimate_loss(
     batches: usize,
     seed: u64,
 ) -> Result<f64> {
+    estimate_loss_with(&mut SingleProcess, device, model, ids, batch, batches, seed)
+}
+
+/// `estimate_loss` shared among processes: every process draws the same
+/// batches, evaluates every `size`-th one from its rank on, and the sums
+/// are added up — the single-process value up to summation order.
+/// Collective.
+#[track_caller]
+pub fn estimate_loss_with(
+    replicas: &mut dyn Replicas,
+    device: &Device,
+    model: &Gpt,
+    ids: &[i32],
+    batch: usize,
+    batches: usize,
+    seed: u64,
+) -> Result<f64> {
     let context = model.config().context;
+    let (rank, size) = (replicas.rank(), replicas.size());
     let mut rng = SplitMix64::new(seed);
     let mut graph = Graph::new(device);
     model.set_training(false);
     let mut total = 0.0;
     let mut result = Ok(());
-    for _ in 0..batches {
+    for i in 0..batches {
+        // Drawn on every process, so that each one's batches are the ones
+        // a single process would draw.
+        let (x, y) = random_batch(ids, batch, context, &mut rng);
+        if i % size != rank {
+            continue;
+        }
         graph.reset();
         let _no_grad = graph.no_grad();
-        let (x, y) = random_batch(ids, batch, context, &mut rng);
         let step = (|| {
             let x = graph.tensor_from(&x, &[batch, context])?;
             let y = graph.tensor_from(&y, &[batch, context])?;
@@ -407,7 +456,10 @@ pub fn estimate_loss(
         }
     }
     model.set_training(true);
-    result.map(|_| total / batches.max(1) as f64)
+    result?;
+    let mut sum = [total];
+    replicas.sum(&mut sum)?;
+    Ok(sum[0] / batches.max(1) as f64)
 }
 
 /// Generate `tokens` characters after `prompt` with the key/value cache:

@@ -77,10 +77,14 @@ pub fn clip_grad_norm(params: &[Param], max_norm: f64, norm_type: f64) -> Result
 
 /// Blocking reads for native programs. The engine's reads are futures (a
 /// browser must never block); natively we simply wait for them.
+/// Errors point at the caller's line (`#[track_caller]` on the
+/// declarations applies to the implementations).
 pub trait Blocking {
     /// All values, as `T` (which must match the dtype).
+    #[track_caller]
     fn to_vec_blocking<T: Element>(&self) -> Result<Vec<T>>;
     /// The value of a one-element tensor.
+    #[track_caller]
     fn item_blocking(&self) -> Result<f64>;
 }
 
@@ -95,22 +99,26 @@ impl Blocking for Tensor<'_> {
 
 /// Blocking reads of parameters.
 pub trait BlockingParam {
+    #[track_caller]
     fn value_blocking(&self) -> Result<HostData>;
+    #[track_caller]
     fn grad_blocking(&self) -> Result<Option<HostData>>;
 }
 
 impl BlockingParam for Param {
     fn value_blocking(&self) -> Result<HostData> {
-        pollster::block_on(self.value())
+        let caller = std::panic::Location::caller();
+        pollster::block_on(self.value()).map_err(|e| e.or_at(caller))
     }
     fn grad_blocking(&self) -> Result<Option<HostData>> {
-        pollster::block_on(self.grad())
+        let caller = std::panic::Location::caller();
+        pollster::block_on(self.grad()).map_err(|e| e.or_at(caller))
     }
 }
 
 /// Blocking gradient checks (see `kiln_core::gradcheck`).
 pub mod gradcheck {
-    pub use kiln_core::gradcheck::{CheckInput, GradcheckOptions, GradcheckReport, Mismatch};
+    pub use kiln_core::gradcheck::{case, BoxedFn, Case, CheckInput, GradcheckOptions, GradcheckReport, Mismatch};
     use kiln_core::{Device, Graph, Result, Tensor};
 
     pub fn gradcheck(

@@ -201,6 +201,11 @@ struct BenchArgs {
     /// the char-level GPT; with --distributed: allreduce, W1).
     #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
+    /// Instead of the workloads: N W1 training steps (after 50 warm-up
+    /// steps), printing RSS and device memory at the start and the end and
+    /// their growth in percent.
+    #[arg(long, value_name = "N")]
+    soak: Option<usize>,
 }
 
 /// The short backend label of BENCHMARKS.md's JSON lines.
@@ -225,7 +230,7 @@ fn load(args: &TrainArgs) -> Result<DatasetSplit> {
     }
 }
 
-fn train_gpt(args: TrainArgs) -> Result<()> {
+fn train_gpt(args: TrainArgs, world: WorldRef<'_>) -> Result<()> {
     if args.dataset != DatasetName::Shakespeare || args.model != ModelName::Gpt {
         return Err(Error::invalid(
             "train",
@@ -238,29 +243,34 @@ fn train_gpt(args: TrainArgs) -> Result<()> {
         .ok_or_else(|| Error::invalid("train", "--dataset shakespeare needs --data FILE (text or .gz)"))?;
     let plot =
         if args.plot == std::path::Path::new("kiln-train.png") { PathBuf::from("kiln-gpt.png") } else { args.plot };
-    gpt_cli::train(gpt_cli::GptArgs {
-        data,
-        device: args.device,
-        steps: args.steps.unwrap_or(2000),
-        batch: args.batch_size.unwrap_or(12),
-        lr: args.lr.unwrap_or(1e-3),
-        seed: args.seed,
-        config: kiln::gpt::GptConfig {
-            vocab: 0,
-            context: args.context,
-            layers: args.layers,
-            heads: args.heads,
-            width: args.width,
-            dropout: args.dropout,
+    let parallel = args.distributed;
+    gpt_cli::train(
+        gpt_cli::GptArgs {
+            data,
+            device: args.device,
+            steps: args.steps.unwrap_or(2000),
+            batch: args.batch_size.unwrap_or(12),
+            lr: args.lr.unwrap_or(1e-3),
+            seed: args.seed,
+            config: kiln::gpt::GptConfig {
+                vocab: 0,
+                context: args.context,
+                layers: args.layers,
+                heads: args.heads,
+                width: args.width,
+                dropout: args.dropout,
+            },
+            plot,
+            checkpoint: args.checkpoint,
+            checkpoint_every: args.save_every,
+            resume: args.resume,
+            eval_interval: args.eval_interval,
+            eval_batches: args.eval_batches,
+            final_eval_batches: args.final_eval_batches,
         },
-        plot,
-        checkpoint: args.checkpoint,
-        checkpoint_every: args.save_every,
-        resume: args.resume,
-        eval_interval: args.eval_interval,
-        eval_batches: args.eval_batches,
-        final_eval_batches: args.final_eval_batches,
-    })
+        world,
+        &parallel,
+    )
 }
 
 #[cfg(feature = "mpi")]
@@ -279,16 +289,16 @@ fn rank_and_size(_world: WorldRef<'_>) -> (usize, usize) {
 }
 
 fn train(args: TrainArgs) -> Result<()> {
-    if args.model == ModelName::Gpt || args.dataset == DatasetName::Shakespeare {
-        return train_gpt(args);
-    }
+    let gpt = args.model == ModelName::Gpt || args.dataset == DatasetName::Shakespeare;
     if !args.distributed.distributed {
-        return train_on(&args, None);
+        return if gpt { train_gpt(args, None) } else { train_on(&args, None) };
     }
     #[cfg(feature = "mpi")]
     {
+        // Bad options are one clear error, before MPI starts.
+        data_parallel_options(&args.distributed)?;
         let world = kiln::distributed::World::init()?;
-        let result = train_on(&args, Some(&world));
+        let result = if gpt { train_gpt(args, Some(&world)) } else { train_on(&args, Some(&world)) };
         world.abort_on_error(result);
         Ok(())
     }
@@ -466,6 +476,16 @@ fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
     Ok(())
 }
 
+/// How `DataParallel` exchanges gradients, from `--bucket-mb` and `--no-overlap`.
+#[cfg(feature = "mpi")]
+fn data_parallel_options(d: &DistributedArgs) -> Result<kiln::distributed::DataParallelOptions> {
+    if !(d.bucket_mb > 0.0 && d.bucket_mb.is_finite()) {
+        return Err(Error::invalid("train", format!("--bucket-mb {} must be a positive number", d.bucket_mb)));
+    }
+    let bucket_bytes = ((d.bucket_mb * 1048576.0) as usize).max(4);
+    Ok(kiln::distributed::DataParallelOptions { bucket_bytes, overlap: !d.no_overlap })
+}
+
 /// One process, or data parallelism over `world`: the model and (when
 /// resuming) the optimizer state and position are copied from rank 0.
 #[cfg(feature = "mpi")]
@@ -476,15 +496,9 @@ fn make_replicas(
     optimizer: &mut Adam,
     config: &mut TrainConfig,
 ) -> Result<Box<dyn Replicas>> {
-    use kiln::distributed::{DataParallel, DataParallelOptions};
+    use kiln::distributed::DataParallel;
     let Some(world) = world else { return Ok(Box::new(SingleProcess)) };
-    let d = &args.distributed;
-    if !(d.bucket_mb > 0.0 && d.bucket_mb.is_finite()) {
-        return Err(Error::invalid("train", format!("--bucket-mb {} must be a positive number", d.bucket_mb)));
-    }
-    let options =
-        DataParallelOptions { bucket_bytes: ((d.bucket_mb * 1048576.0) as usize).max(4), overlap: !d.no_overlap };
-    let ddp = DataParallel::new(world, model, options)?;
+    let ddp = DataParallel::new(world, model, data_parallel_options(&args.distributed)?)?;
     if args.resume.is_some() {
         ddp.broadcast_optimizer(optimizer)?;
         let mut position = [config.start.epoch as u64, config.start.step as u64];
@@ -532,9 +546,18 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             "--distributed needs a kiln built with MPI support: cargo build --release -p kiln --features mpi",
         ));
     }
+    if args.soak == Some(0) {
+        return Err(Error::invalid("bench", "--soak needs at least 1 step"));
+    }
     let device = Device::from_name(&args.device)?;
     let backend = backend_label(&device);
     eprintln!("kiln bench on {}", device.name());
+    if let Some(steps) = args.soak {
+        let report = bench::soak(&device, backend, steps, 50)?;
+        eprintln!("{}", report.text());
+        println!("{}", report.json());
+        return Ok(());
+    }
     for w in &args.workloads {
         let result = match w.to_ascii_uppercase().as_str() {
             "W1" => bench::w1_mlp_step(&device, backend, 100)?,

@@ -14,6 +14,8 @@
 //! - the same on a wgpu device (Vulkan; asserted present under CI);
 //! - `mpirun -np 4 kiln train --distributed` trains the digits MLP and
 //!   prints the test accuracy; a snapshot made on 2 processes resumes on 4;
+//! - `kiln train --distributed --model gpt` on 2 processes ends where one
+//!   process does, and a checkpoint made on 2 resumes on 3;
 //! - a rank that errors, dies or hangs ends the job with a clear message in
 //!   seconds; different models on different ranks are refused at start-up,
 //!   naming the first differing parameter.
@@ -24,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use kiln::data::{load_embedded_digits, Dataset};
 use kiln::distributed::{gather, DataParallel, DataParallelOptions, DistributedSampler, World};
+use kiln::gpt::{Gpt, GptConfig};
 use kiln::nn::{cross_entropy, Module, Sequential};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::prelude::Adam;
@@ -425,6 +428,122 @@ fn cli_trains_and_resumes() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A GPT checkpoint's parameters, flattened in the model's order.
+fn gpt_values(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let config = GptConfig::from_metadata(&kiln::checkpoint::read_metadata(&bytes).unwrap()).unwrap();
+    let model = Gpt::new(&Device::cpu(), config, 0).unwrap();
+    kiln::checkpoint::load_state(&model, &bytes).unwrap();
+    model.parameters().iter().flat_map(|p| p.value_blocking().unwrap().to_f64_vec()).map(|v| v as f32).collect()
+}
+
+/// The number in the GPT run's "after N steps: train loss X, …" line.
+fn gpt_final_train_loss(output: &str) -> f64 {
+    output
+        .lines()
+        .find_map(|l| l.split_once(": train loss ").filter(|(head, _)| head.starts_with("after ")))
+        .and_then(|(_, rest)| rest.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no final train loss in:\n{output}"))
+}
+
+fn gpt_matches_one_process_and_resumes() {
+    let kiln = std::env::var_os("KILN_BIN").map(PathBuf::from).unwrap_or_else(|| env!("CARGO_BIN_EXE_kiln").into());
+    let dir = scratch_dir("gpt");
+    let text: String =
+        (0..300).map(|i| format!("line {i}: {} quick foxes jump over {} lazy dogs.\n", i % 7, (i * 5) % 11)).collect();
+    let data = dir.join("text.txt");
+    std::fs::write(&data, text).unwrap();
+    let (data, plot) = (data.display().to_string(), dir.join("plot.png").display().to_string());
+    let checkpoint = |name: &str| dir.join(format!("{name}.safetensors"));
+    // A tiny model; the learning rate is high for the warm-up's first steps
+    // (lr·(s+1)/100) so that 6 steps move the parameters by far more than
+    // the tolerance. The global batch of 8 splits 4+4 on 2, 3+3+2 on 3.
+    let args = |steps: &str, name: &str| -> Vec<String> {
+        let out = checkpoint(name).display().to_string();
+        [
+            "train",
+            "--model",
+            "gpt",
+            "--dataset",
+            "shakespeare",
+            "--data",
+            &data,
+            "--device",
+            "cpu",
+            "--layers",
+            "1",
+            "--heads",
+            "2",
+            "--width",
+            "16",
+            "--context",
+            "16",
+            "--batch-size",
+            "8",
+            "--lr",
+            "0.05",
+            "--steps",
+            steps,
+            "--eval-interval",
+            "2",
+            "--eval-batches",
+            "3",
+            "--final-eval-batches",
+            "3",
+            "--save-every",
+            "0",
+            "--plot",
+            &plot,
+            "--checkpoint",
+            &out,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let one = Command::new(&kiln).args(args("6", "one")).env("RAYON_NUM_THREADS", "1").output().unwrap();
+    let one_output = String::from_utf8_lossy(&one.stdout).to_string();
+    assert!(one.status.success(), "{one_output}{}", String::from_utf8_lossy(&one.stderr));
+    let distributed = |np: usize, mut args: Vec<String>, extra: &[&str]| {
+        args.insert(1, "--distributed".into());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = mpirun(np, &kiln, &args, &[]);
+        assert!(run.status.success(), "mpirun -np {np} {args:?}:\n{}", run.output);
+        run
+    };
+    let two = distributed(2, args("6", "two"), &[]);
+    assert_eq!(two.output.matches("after 6 steps").count(), 1, "rank 0 alone reports:\n{}", two.output);
+    assert!(two.output.contains("2 processes"), "{}", two.output);
+    // 3 steps on 2 processes, then on to 6 on 3 processes.
+    distributed(2, args("3", "half"), &[]);
+    let half = checkpoint("half").display().to_string();
+    let resumed = distributed(3, args("6", "resumed"), &["--resume", &half]);
+    assert!(resumed.output.contains("at step 3"), "{}", resumed.output);
+
+    let expected = gpt_values(&checkpoint("one"));
+    let moved = max_abs_diff(&expected, &gpt_values(&checkpoint("half")));
+    for (what, name, output) in [("2 processes", "two", &two.output), ("resumed on 3", "resumed", &resumed.output)] {
+        let got = gpt_values(&checkpoint(name));
+        let diff = max_abs_diff(&got, &expected);
+        let (loss_one, loss_got) = (gpt_final_train_loss(&one_output), gpt_final_train_loss(output));
+        println!(
+            "gpt, {what}: max |difference| to one process {diff:.3e} (steps 4-6 moved parameters by up to \
+             {moved:.3e}); final train loss {loss_got:.5} vs {loss_one:.5}"
+        );
+        assert!(diff < 2e-5, "gpt, {what}: parameters {diff} from one process's");
+        assert!((loss_one - loss_got).abs() < 5e-4, "gpt, {what}: final loss {loss_got} vs {loss_one}");
+    }
+    assert!(moved > 1e-3, "the test is blind: 3 more steps moved the parameters by only {moved}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max)
+}
+
 /// Mesa's Wayland probe prints "XDG_RUNTIME_DIR is invalid" without a
 /// private runtime directory (as the kiln CLI, give it one); set before any
 /// thread starts, inherited by every process launched.
@@ -445,12 +564,13 @@ fn main() {
         child(&scenario);
         return;
     }
-    let tests: [(&str, fn()); 6] = [
+    let tests: [(&str, fn()); 7] = [
         ("same_answer_as_one_process", same_answer_as_one_process),
         ("same_answer_with_adam", same_answer_with_adam),
         ("mismatches_are_named_at_start_up", mismatches_are_named_at_start_up),
         ("faults_end_the_job_quickly", faults_end_the_job_quickly),
         ("cli_trains_and_resumes", cli_trains_and_resumes),
+        ("gpt_matches_one_process_and_resumes", gpt_matches_one_process_and_resumes),
         ("same_answer_on_wgpu", same_answer_on_wgpu),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();

@@ -14,87 +14,17 @@
 
 mod common;
 
+use common::cases::{case, distinct, run_all, Suite, WINDOW_CAP};
 use common::{assert_close, values};
-use kiln::gradcheck::{gradcheck, gradgradcheck, CheckInput, GradcheckOptions};
+use kiln::gradcheck::CheckInput;
 use kiln::nn::{
     AdaptiveAvgPool2d, AvgPool2d, BatchNorm2d, Conv2d, ConvOptions, ConvTranspose2d, Embedding, LayerNorm, MaxPool2d,
     Module,
 };
-use kiln::rng::SplitMix64;
 use kiln::{Device, Graph, HostData, Result, Tensor, Window2d};
-
-type CheckedFn = Box<dyn for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>>;
-
-struct Case {
-    name: String,
-    f: CheckedFn,
-    inputs: Vec<CheckInput>,
-    second_order: bool,
-}
-
-fn case(
-    name: impl Into<String>,
-    inputs: Vec<CheckInput>,
-    f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static,
-) -> Case {
-    Case { name: name.into(), f: Box::new(f), inputs, second_order: true }
-}
-
-/// Run every case, first and second order; fail once at the end listing
-/// every failing check.
-fn run_all(cases: Vec<Case>) {
-    let device = Device::cpu();
-    let options = GradcheckOptions::default();
-    let mut failures = Vec::new();
-    let (mut ran, mut elements) = (0, 0);
-    for c in &cases {
-        for i in &c.inputs {
-            assert!(
-                i.values.len() <= 48,
-                "case {}: an input of {} elements; keep gradchecks small",
-                c.name,
-                i.values.len()
-            );
-        }
-        let n: usize = c.inputs.iter().map(|i| i.values.len()).sum();
-        let mut orders = vec![("gradcheck", false)];
-        if c.second_order {
-            orders.push(("gradgradcheck", true));
-        }
-        for (label, second) in orders {
-            ran += 1;
-            let result = if second {
-                gradgradcheck(&device, &*c.f, &c.inputs, options)
-            } else {
-                gradcheck(&device, &*c.f, &c.inputs, options)
-            };
-            match result {
-                Ok(report) if report.passed() && report.checked == n => elements += report.checked,
-                Ok(report) => failures.push(format!("{} [{label}]: {report}", c.name)),
-                Err(e) => failures.push(format!("{} [{label}]: error: {e}", c.name)),
-            }
-        }
-    }
-    eprintln!("{} cases, {ran} checks, {elements} elements compared", cases.len());
-    assert!(ran > 0);
-    assert!(failures.is_empty(), "{} of {ran} checks failed:\n  {}", failures.len(), failures.join("\n  "));
-}
 
 fn rand(dims: &[usize], seed: u64) -> CheckInput {
     CheckInput::random(dims, -1.0, 1.0, seed)
-}
-
-/// Distinct values (a seeded shuffle of -2.0, -1.9, ...): no two elements
-/// closer than 0.1, so no window has a tie and ±1e-6 never changes an
-/// arg-max.
-fn distinct(dims: &[usize], seed: u64) -> CheckInput {
-    let n: usize = dims.iter().product();
-    let mut v: Vec<f64> = (0..n).map(|i| -2.0 + 0.1 * i as f64).collect();
-    let mut rng = SplitMix64::new(seed);
-    for i in (1..n).rev() {
-        v.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
-    CheckInput::new(v, dims)
 }
 
 /// The window the issue names: different kernel, stride, padding and
@@ -142,7 +72,7 @@ fn im2col_and_col2im() {
             c[0].col2im([3, 6], w)?.im2col(w)?.mul(c[0])
         }),
     ];
-    run_all(cases);
+    run_all(&Suite::cpu(WINDOW_CAP), cases);
 }
 
 #[test]
@@ -190,7 +120,7 @@ fn max_pool2d() {
                 .square()
         }),
     ];
-    run_all(cases);
+    run_all(&Suite::cpu(WINDOW_CAP), cases);
 }
 
 /// A non-variable tensor holding `x`'s values.
@@ -234,7 +164,7 @@ fn max_pool2d_backward_in_its_gradient_argument() {
             },
         ),
     ];
-    run_all(cases);
+    run_all(&Suite::cpu(WINDOW_CAP), cases);
 }
 
 /// Channels in / out, kernel and window of the grouped convolution.
@@ -343,7 +273,7 @@ fn layer_functions() {
             v[0].index_select(0, idx)?.reshape_to(&[2, 3, 3])?.square()
         }),
     ];
-    run_all(cases);
+    run_all(&Suite::cpu(WINDOW_CAP), cases);
 }
 
 // ----- the checked functions are the layers' forward passes ---------------

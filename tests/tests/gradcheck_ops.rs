@@ -3,107 +3,16 @@
 //!
 //! Table-driven: each test builds a list of named cases and runs them all,
 //! collecting every failure, so one broken rule does not hide another. Adding
-//! an op is one `case(...)` line. Inputs stay at <= 24 elements and away from
+//! an op is one `case(...)` line (the harness: `common/cases.rs`). Inputs stay at <= 24 elements and away from
 //! kinks and domain edges (Abs/Relu away from 0, Log/Sqrt on [0.5, 2], no ties
 //! for Max/Min/Maximum/Minimum).
 
+mod common;
+
+use common::cases::{away_from_zero, boxed, case, given, rand, run_all, Suite, CPU_CAP};
 use kiln::gradcheck::{gradcheck, gradgradcheck, CheckInput, GradcheckOptions};
 use kiln::nn::{cross_entropy, cross_entropy_probs, mse_loss, nll_loss};
-use kiln::rng::SplitMix64;
-use kiln::{BinaryOp, DType, Device, Graph, ReduceOp, Result, SliceSpec, Tensor, UnaryOp};
-
-type CheckedFn = Box<dyn for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>>;
-
-struct Case {
-    name: String,
-    f: CheckedFn,
-    inputs: Vec<CheckInput>,
-    second_order: bool,
-    options: GradcheckOptions,
-}
-
-fn boxed(f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static) -> CheckedFn {
-    Box::new(f)
-}
-
-fn case(
-    name: impl Into<String>,
-    inputs: Vec<CheckInput>,
-    f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static,
-) -> Case {
-    Case { name: name.into(), f: Box::new(f), inputs, second_order: true, options: GradcheckOptions::default() }
-}
-
-impl Case {
-    /// Only the first derivative is checked (e.g. at a point where the
-    /// second derivative has a kink).
-    fn first_order_only(mut self) -> Case {
-        self.second_order = false;
-        self
-    }
-    fn options(mut self, options: GradcheckOptions) -> Case {
-        self.options = options;
-        self
-    }
-}
-
-/// Run every case, first and (where asked) second order; fail once at the
-/// end, listing every failing case with its report.
-fn run_all(cases: Vec<Case>) {
-    let device = Device::cpu();
-    let mut failures = Vec::new();
-    let mut ran = 0;
-    let mut elements = 0;
-    for c in &cases {
-        let n: usize = c.inputs.iter().map(|i| i.values.len()).sum();
-        assert!(n <= 24, "case {} checks {n} elements; keep gradchecks small", c.name);
-        let mut orders = vec![("gradcheck", false)];
-        if c.second_order {
-            orders.push(("gradgradcheck", true));
-        }
-        for (label, second) in orders {
-            ran += 1;
-            let result = if second {
-                gradgradcheck(&device, &*c.f, &c.inputs, c.options)
-            } else {
-                gradcheck(&device, &*c.f, &c.inputs, c.options)
-            };
-            match result {
-                Ok(report) if report.passed() && report.checked == n => elements += report.checked,
-                Ok(report) => failures.push(format!("{} [{label}]: {report}", c.name)),
-                Err(e) => failures.push(format!("{} [{label}]: error: {e}", c.name)),
-            }
-        }
-    }
-    eprintln!("{} cases, {ran} checks, {elements} elements compared", cases.len());
-    assert!(ran > 0);
-    assert!(failures.is_empty(), "{} of {ran} checks failed:\n  {}", failures.len(), failures.join("\n  "));
-}
-
-fn rand(dims: &[usize], low: f64, high: f64, seed: u64) -> CheckInput {
-    CheckInput::random(dims, low, high, seed)
-}
-
-/// Magnitudes in [low, high) with random signs: away from zero.
-fn away_from_zero(dims: &[usize], low: f64, high: f64, seed: u64) -> CheckInput {
-    let mut rng = SplitMix64::new(seed);
-    let n = dims.iter().product();
-    let values = (0..n)
-        .map(|_| {
-            let m = rng.uniform(low, high);
-            if rng.next_u64() & 1 == 0 {
-                m
-            } else {
-                -m
-            }
-        })
-        .collect();
-    CheckInput::new(values, dims)
-}
-
-fn given(values: &[f64], dims: &[usize]) -> CheckInput {
-    CheckInput::new(values.to_vec(), dims)
-}
+use kiln::{BinaryOp, DType, Device, ReduceOp, SliceSpec, Tensor, UnaryOp};
 
 #[test]
 fn the_harness_detects_a_wrong_gradient() {
@@ -179,7 +88,7 @@ fn unary_ops() {
         .options(loose),
     );
     cases.push(case("Cast f64->f64", vec![rand(&d, -2.0, 2.0, 16)], |_, x| x[0].cast(DType::F64)?.square()));
-    run_all(cases);
+    run_all(&Suite::cpu(CPU_CAP), cases);
 }
 
 #[test]
@@ -233,7 +142,7 @@ fn binary_ops_with_broadcasting() {
     cases.push(case("2^x (Pow of a constant base)", vec![rand(&[2, 3], -1.0, 1.0, 13)], |g, x| {
         g.full(&[2, 3], 2.0, DType::F64)?.pow(x[0])
     }));
-    run_all(cases);
+    run_all(&Suite::cpu(CPU_CAP), cases);
 }
 
 #[test]
@@ -284,7 +193,7 @@ fn reductions() {
     );
     cases.push(case("Prod all, one zero", vec![one_zero], |_, x| x[0].prod_all()).first_order_only());
     cases.push(case("Prod axis 2, two zeros", vec![two_zeros], |_, x| x[0].prod(&[2], false)).first_order_only());
-    run_all(cases);
+    run_all(&Suite::cpu(CPU_CAP), cases);
 }
 
 #[test]
@@ -308,7 +217,7 @@ fn matmul_all_forms() {
     }
     // x·xᵀ: both operands are the same variable.
     cases.push(case("MatMul x·xᵀ", vec![rand(&[2, 3], -1.0, 1.0, 70)], |_, x| x[0].matmul_t(x[0], false, true)));
-    run_all(cases);
+    run_all(&Suite::cpu(CPU_CAP), cases);
 }
 
 #[test]
@@ -358,7 +267,7 @@ fn movement_and_indexing() {
             x[0].index_select(0, g.tensor_from(&[1i32, 1, 2], &[3])?)?.exp()
         }),
     ];
-    run_all(cases);
+    run_all(&Suite::cpu(CPU_CAP), cases);
 }
 
 #[test]
@@ -395,5 +304,5 @@ fn composed_ops() {
         case("clamp", vec![given(&[-1.2, -0.3, 0.1, 0.35, 0.7, 1.5], &[2, 3])], |_, x| x[0].clamp(-0.5, 0.5)),
         case("square", vec![rand(&[2, 3], -2.0, 2.0, 97)], |_, x| x[0].square()),
     ];
-    run_all(cases);
+    run_all(&Suite::cpu(CPU_CAP), cases);
 }

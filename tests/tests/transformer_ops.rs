@@ -6,8 +6,9 @@
 
 mod common;
 
+use common::cases::{case, rand, run_all, Suite, CPU_CAP};
 use common::{assert_close, values};
-use kiln::gradcheck::{gradcheck, gradgradcheck, CheckInput, GradcheckOptions};
+use kiln::gradcheck::CheckInput;
 use kiln::nn::{
     scaled_dot_product_attention, AttentionDropout, BatchNorm1d, GroupNorm, KvCache, LeakyReLU, Mish,
     MultiheadAttention, RMSNorm, Softplus, TransformerBlock, ELU,
@@ -15,119 +16,72 @@ use kiln::nn::{
 use kiln::prelude::*;
 use kiln::{Error, ErrorKind};
 
-type F = Box<dyn for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>>;
-
-fn rand(dims: &[usize], lo: f64, hi: f64, seed: u64) -> CheckInput {
-    CheckInput::random(dims, lo, hi, seed)
-}
-
-/// First and second order for every case; all failures listed at once.
-fn check_all(cases: Vec<(&str, Vec<CheckInput>, F)>) {
-    let device = Device::cpu();
-    let mut failures = Vec::new();
-    for (name, inputs, f) in &cases {
-        for second in [false, true] {
-            let report = if second {
-                gradgradcheck(&device, &**f, inputs, GradcheckOptions::default())
-            } else {
-                gradcheck(&device, &**f, inputs, GradcheckOptions::default())
-            };
-            match report {
-                Ok(r) if r.passed() => {}
-                Ok(r) => failures.push(format!("{name} (second order: {second}): {r}")),
-                Err(e) => failures.push(format!("{name} (second order: {second}): error {e}")),
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} failing:\n{}", failures.len(), failures.join("\n"));
-}
-
-fn f(g: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static) -> F {
-    Box::new(g)
-}
-
 #[test]
 fn composed_ops_pass_first_and_second_order_checks() {
     // Inputs avoid the kinks at 0 of leaky_relu/elu.
     let away_from_zero = CheckInput::new(vec![-1.3, -0.4, 0.3, 0.9, 1.7, -2.1], &[2, 3]);
-    check_all(vec![
-        ("tril", vec![rand(&[3, 4], -1.0, 1.0, 1)], f(|_, x| x[0].tril(0))),
-        ("tril(-1) batched", vec![rand(&[2, 3, 3], -1.0, 1.0, 2)], f(|_, x| x[0].tril(-1)?.exp())),
-        ("triu(1)", vec![rand(&[3, 4], -1.0, 1.0, 3)], f(|_, x| x[0].triu(1)?.square())),
-        (
-            "masked_fill",
-            vec![rand(&[2, 3], -1.0, 1.0, 4)],
-            f(|g, x| {
+    run_all(
+        &Suite::cpu(CPU_CAP),
+        vec![
+            case("tril", vec![rand(&[3, 4], -1.0, 1.0, 1)], |_, x| x[0].tril(0)),
+            case("tril(-1) batched", vec![rand(&[2, 3, 3], -1.0, 1.0, 2)], |_, x| x[0].tril(-1)?.exp()),
+            case("triu(1)", vec![rand(&[3, 4], -1.0, 1.0, 3)], |_, x| x[0].triu(1)?.square()),
+            case("masked_fill", vec![rand(&[2, 3], -1.0, 1.0, 4)], |g, x| {
                 let m = g.tensor_from(&[true, false, true], &[3])?;
                 x[0].masked_fill(m, -5.0)?.exp()
             }),
-        ),
-        (
-            "masked_softmax with a fully masked row",
-            vec![rand(&[3, 4], -2.0, 2.0, 5)],
-            f(|g, x| {
+            case("masked_softmax with a fully masked row", vec![rand(&[3, 4], -2.0, 2.0, 5)], |g, x| {
                 let keep = g.tensor_from(
                     &[true, false, true, true, false, false, false, false, true, true, true, true],
                     &[3, 4],
                 )?;
                 x[0].masked_softmax(Some(keep), -1)
             }),
-        ),
-        ("softmax (no mask)", vec![rand(&[2, 3], -2.0, 2.0, 6)], f(|_, x| x[0].masked_softmax(None, -1))),
-        (
-            "split/chunk",
-            vec![rand(&[2, 5], -1.0, 1.0, 7)],
-            f(|_, x| {
+            case("softmax (no mask)", vec![rand(&[2, 3], -2.0, 2.0, 6)], |_, x| x[0].masked_softmax(None, -1)),
+            case("split/chunk", vec![rand(&[2, 5], -1.0, 1.0, 7)], |_, x| {
                 let parts = x[0].split(&[2, 3], 1)?;
                 let chunks = x[0].chunk(2, 1)?;
                 parts[0].sum_all()?.mul(parts[1].square()?.sum_all()?)?.add(chunks[1].exp()?.sum_all()?)
             }),
-        ),
-        ("leaky_relu", vec![away_from_zero.clone()], f(|_, x| x[0].leaky_relu(0.1)?.square())),
-        ("elu", vec![away_from_zero.clone()], f(|_, x| x[0].elu(1.3))),
-        ("softplus", vec![rand(&[2, 3], -3.0, 3.0, 8)], f(|_, x| x[0].softplus(1.0))),
-        ("softplus beta 2 at 0", vec![CheckInput::new(vec![0.0, -0.5, 0.7], &[3])], f(|_, x| x[0].softplus(2.0))),
-        ("mish", vec![rand(&[2, 3], -3.0, 3.0, 9)], f(|_, x| x[0].mish())),
-        ("rms_norm", vec![rand(&[2, 4], -1.0, 1.0, 10)], f(|_, x| x[0].rms_norm(1, 1e-5))),
-        ("group_norm", vec![rand(&[2, 4, 3], -1.0, 1.0, 11)], f(|_, x| x[0].group_norm(2, 1e-5))),
-    ]);
+            case("leaky_relu", vec![away_from_zero.clone()], |_, x| x[0].leaky_relu(0.1)?.square()),
+            case("elu", vec![away_from_zero.clone()], |_, x| x[0].elu(1.3)),
+            case("softplus", vec![rand(&[2, 3], -3.0, 3.0, 8)], |_, x| x[0].softplus(1.0)),
+            case("softplus beta 2 at 0", vec![CheckInput::new(vec![0.0, -0.5, 0.7], &[3])], |_, x| x[0].softplus(2.0)),
+            case("mish", vec![rand(&[2, 3], -3.0, 3.0, 9)], |_, x| x[0].mish()),
+            case("rms_norm", vec![rand(&[2, 4], -1.0, 1.0, 10)], |_, x| x[0].rms_norm(1, 1e-5)),
+            case("group_norm", vec![rand(&[2, 4, 3], -1.0, 1.0, 11)], |_, x| x[0].group_norm(2, 1e-5)),
+        ],
+    );
 }
 
 #[test]
 fn attention_passes_first_and_second_order_checks() {
     let qkv =
         || vec![rand(&[1, 3, 2], -1.0, 1.0, 20), rand(&[1, 4, 2], -1.0, 1.0, 21), rand(&[1, 4, 2], -1.0, 1.0, 22)];
-    check_all(vec![
-        ("sdpa", qkv(), f(|_, x| scaled_dot_product_attention(x[0], x[1], x[2], None, false, None, None))),
-        ("sdpa causal", qkv(), f(|_, x| scaled_dot_product_attention(x[0], x[1], x[2], None, true, None, Some(0.7)))),
-        (
-            "sdpa bool mask with a fully masked row",
-            qkv(),
-            f(|g, x| {
+    run_all(
+        &Suite::cpu(CPU_CAP),
+        vec![
+            case("sdpa", qkv(), |_, x| scaled_dot_product_attention(x[0], x[1], x[2], None, false, None, None)),
+            case("sdpa causal", qkv(), |_, x| {
+                scaled_dot_product_attention(x[0], x[1], x[2], None, true, None, Some(0.7))
+            }),
+            case("sdpa bool mask with a fully masked row", qkv(), |g, x| {
                 let keep: Vec<bool> =
                     vec![true, true, false, true, false, false, false, false, true, false, true, true];
                 let mask = g.tensor_from(&keep, &[3, 4])?;
                 scaled_dot_product_attention(x[0], x[1], x[2], Some(mask), false, None, None)
             }),
-        ),
-        (
-            "sdpa float mask + causal",
-            qkv(),
-            f(|g, x| {
+            case("sdpa float mask + causal", qkv(), |g, x| {
                 let add: Vec<f64> = vec![0.0, -1.0, 0.5, f64::NEG_INFINITY, 0.0, 0.0, 0.2, 0.0, 1.0, 0.0, 0.0, 0.0];
                 let mask = g.tensor_from(&add, &[3, 4])?;
                 scaled_dot_product_attention(x[0], x[1], x[2], Some(mask), true, None, None)
             }),
-        ),
-        (
-            "sdpa dropout (fixed seed)",
-            qkv(),
-            f(|_, x| {
+            case("sdpa dropout (fixed seed)", qkv(), |_, x| {
                 let d = AttentionDropout { p: 0.3, seed: 9 };
                 scaled_dot_product_attention(x[0], x[1], x[2], None, false, Some(d), None)
             }),
-        ),
-    ]);
+        ],
+    );
 }
 
 /// softmax(q kᵀ / √d) v on the host, one batch, with a keep mask.

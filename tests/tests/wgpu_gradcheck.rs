@@ -34,9 +34,9 @@
 
 mod common;
 
-use kiln::gradcheck::{gradcheck_on, gradgradcheck_on, CheckInput, GradcheckOptions};
+use common::cases::{away_from_zero, case, given, rand, run_all, BoxedFn, Suite, WGPU_CAP};
+use kiln::gradcheck::{gradcheck_on, gradgradcheck_on, GradcheckOptions};
 use kiln::nn::cross_entropy;
-use kiln::rng::SplitMix64;
 use kiln::{DType, Device, Graph, HostData, Result, SliceSpec, Tensor};
 
 const EPS: f64 = 1e-6;
@@ -45,84 +45,6 @@ const ATOL: f64 = 1e-4;
 
 fn options() -> GradcheckOptions {
     GradcheckOptions { eps: EPS, atol: ATOL, rtol: RTOL, ..GradcheckOptions::default() }
-}
-
-type CheckedFn = Box<dyn for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>>>;
-
-struct Case {
-    name: String,
-    f: CheckedFn,
-    inputs: Vec<CheckInput>,
-    second_order: bool,
-}
-
-fn case(
-    name: impl Into<String>,
-    inputs: Vec<CheckInput>,
-    f: impl for<'g> Fn(&'g Graph, &[Tensor<'g>]) -> Result<Tensor<'g>> + 'static,
-) -> Case {
-    Case { name: name.into(), f: Box::new(f), inputs, second_order: false }
-}
-
-impl Case {
-    /// Also check the second derivative (`gradgradcheck_on`).
-    fn and_second_order(mut self) -> Case {
-        self.second_order = true;
-        self
-    }
-}
-
-/// Run every case on `wg` (first order, and second where asked); fail once
-/// at the end, listing every failing check with its report.
-fn run_all(wg: &Device, cases: Vec<Case>) {
-    let cpu = Device::cpu();
-    let mut failures = Vec::new();
-    let (mut ran, mut elements, mut worst) = (0, 0, 0.0f64);
-    for c in &cases {
-        let n: usize = c.inputs.iter().map(|i| i.values.len()).sum();
-        assert!(n <= 30, "case {} checks {n} elements; keep wgpu gradchecks tiny", c.name);
-        let orders: &[(&str, bool)] =
-            if c.second_order { &[("gradcheck", false), ("gradgradcheck", true)] } else { &[("gradcheck", false)] };
-        for &(label, second) in orders {
-            ran += 1;
-            let result = if second {
-                gradgradcheck_on(&cpu, wg, DType::F32, &*c.f, &c.inputs, options())
-            } else {
-                gradcheck_on(&cpu, wg, DType::F32, &*c.f, &c.inputs, options())
-            };
-            match result {
-                Ok(report) if report.passed() && report.checked == n => {
-                    elements += report.checked;
-                    worst = worst.max(report.worst_ratio);
-                }
-                Ok(report) => failures.push(format!("{} [{label}]: {report}", c.name)),
-                Err(e) => failures.push(format!("{} [{label}]: error: {e}", c.name)),
-            }
-        }
-    }
-    eprintln!(
-        "{} cases, {ran} checks, {elements} elements compared on {}; worst passing error {worst:.3} of tolerance",
-        cases.len(),
-        wg.name()
-    );
-    assert!(ran > 0);
-    assert!(failures.is_empty(), "{} of {ran} checks failed:\n  {}", failures.len(), failures.join("\n  "));
-}
-
-fn rand(dims: &[usize], low: f64, high: f64, seed: u64) -> CheckInput {
-    CheckInput::random(dims, low, high, seed)
-}
-
-/// Magnitudes in [low, high) with random signs: away from zero.
-fn away_from_zero(dims: &[usize], low: f64, high: f64, seed: u64) -> CheckInput {
-    let mut rng = SplitMix64::new(seed);
-    let n = dims.iter().product();
-    let values = (0..n).map(|_| if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 } * rng.uniform(low, high)).collect();
-    CheckInput::new(values, dims)
-}
-
-fn given(values: &[f64], dims: &[usize]) -> CheckInput {
-    CheckInput::new(values.to_vec(), dims)
 }
 
 /// A float constant in `dtype`: the same function runs in f32 on wgpu
@@ -141,13 +63,13 @@ fn the_harness_detects_a_wrong_gradient_on_wgpu() {
     // of two, like a typical broken rule; the f32 tolerances must catch it.
     let Some(wg) = common::vulkan_device("the wgpu gradcheck") else { return };
     let cpu = Device::cpu();
-    let wrong: CheckedFn = Box::new(|_, x| x[0].detach()?.mul(x[0]));
+    let wrong: BoxedFn = Box::new(|_, x| x[0].detach()?.mul(x[0]));
     let inputs = [rand(&[3], 0.5, 2.0, 1)];
     let report = gradcheck_on(&cpu, &wg, DType::F32, &*wrong, &inputs, options()).unwrap();
     assert!(!report.passed(), "{report}");
     let report = gradgradcheck_on(&cpu, &wg, DType::F32, &*wrong, &inputs, options()).unwrap();
     assert!(!report.passed(), "{report}");
-    let right: CheckedFn = Box::new(|_, x| x[0].mul(x[0]));
+    let right: BoxedFn = Box::new(|_, x| x[0].mul(x[0]));
     let report = gradcheck_on(&cpu, &wg, DType::F32, &*right, &inputs, options()).unwrap();
     assert!(report.passed(), "{report}");
 }
@@ -158,33 +80,30 @@ fn unary_and_binary_with_broadcasting() {
     let d = [2, 3];
     let cond = [true, false, false, true, true, false];
     let cases = vec![
-        case("tanh", vec![rand(&d, -2.0, 2.0, 1)], |_, x| x[0].tanh()).and_second_order(),
-        case("exp", vec![rand(&d, -2.0, 2.0, 2)], |_, x| x[0].exp()),
-        case("log", vec![rand(&d, 0.5, 2.0, 3)], |_, x| x[0].log()).and_second_order(),
-        case("sigmoid", vec![rand(&d, -3.0, 3.0, 4)], |_, x| x[0].sigmoid()),
-        case("erf", vec![rand(&d, -2.0, 2.0, 5)], |_, x| x[0].erf()),
-        case("mul [2,3]x[3]", vec![rand(&d, -2.0, 2.0, 6), rand(&[3], -2.0, 2.0, 7)], |_, x| x[0].mul(x[1]))
-            .and_second_order(),
+        case("tanh", vec![rand(&d, -2.0, 2.0, 1)], |_, x| x[0].tanh()),
+        case("exp", vec![rand(&d, -2.0, 2.0, 2)], |_, x| x[0].exp()).first_order_only(),
+        case("log", vec![rand(&d, 0.5, 2.0, 3)], |_, x| x[0].log()),
+        case("sigmoid", vec![rand(&d, -3.0, 3.0, 4)], |_, x| x[0].sigmoid()).first_order_only(),
+        case("erf", vec![rand(&d, -2.0, 2.0, 5)], |_, x| x[0].erf()).first_order_only(),
+        case("mul [2,3]x[3]", vec![rand(&d, -2.0, 2.0, 6), rand(&[3], -2.0, 2.0, 7)], |_, x| x[0].mul(x[1])),
         case("div [2,3]/[2,1]", vec![rand(&d, -2.0, 2.0, 8), away_from_zero(&[2, 1], 0.5, 2.0, 9)], |_, x| {
             x[0].div(x[1])
-        })
-        .and_second_order(),
+        }),
         // Positive base; the exponent broadcasts along rows.
-        case("pow [2,3]^[1,3]", vec![rand(&d, 0.5, 2.0, 10), rand(&[1, 3], -1.5, 1.5, 11)], |_, x| x[0].pow(x[1]))
-            .and_second_order(),
+        case("pow [2,3]^[1,3]", vec![rand(&d, 0.5, 2.0, 10), rand(&[1, 3], -1.5, 1.5, 11)], |_, x| x[0].pow(x[1])),
         // Hand-picked: no pair that meets under broadcasting is within 0.1.
         case(
             "maximum [2,3] vs [3]",
             vec![given(&[0.1, 1.5, -0.7, 2.0, -1.2, 0.4], &d), given(&[0.9, -0.3, 0.2], &[3])],
             |_, x| x[0].maximum(x[1]),
-        ),
+        )
+        .first_order_only(),
         // The condition is a constant; the false branch broadcasts.
         case("where cond[2,3] a[2,3] b[3]", vec![rand(&d, -2.0, 2.0, 12), rand(&[3], -2.0, 2.0, 13)], move |g, x| {
             g.tensor_from(&cond, &[2, 3])?.where_(x[0], x[1])?.mul(x[0])
-        })
-        .and_second_order(),
+        }),
     ];
-    run_all(&wg, cases);
+    run_all(&Suite::on(&wg, options(), WGPU_CAP), cases);
 }
 
 #[test]
@@ -192,29 +111,28 @@ fn reductions_and_matmul() {
     let Some(wg) = common::vulkan_device("the wgpu gradcheck") else { return };
     let d = [2, 3, 4];
     let cases = vec![
-        case("sum axes 0,2 keepdim", vec![rand(&d, -2.0, 2.0, 20)], |_, x| x[0].sum(&[0, 2], true)),
-        case("sum axes 0,2 keepdim, squared", vec![rand(&d, -2.0, 2.0, 21)], |_, x| x[0].sum(&[0, 2], true)?.square())
-            .and_second_order(),
+        case("sum axes 0,2 keepdim", vec![rand(&d, -2.0, 2.0, 20)], |_, x| x[0].sum(&[0, 2], true)).first_order_only(),
+        case("sum axes 0,2 keepdim, squared", vec![rand(&d, -2.0, 2.0, 21)], |_, x| x[0].sum(&[0, 2], true)?.square()),
         // Random values: no ties within a row.
-        case("max axis 1", vec![rand(&d, -2.0, 2.0, 22)], |_, x| x[0].max(&[1], false)),
+        case("max axis 1", vec![rand(&d, -2.0, 2.0, 22)], |_, x| x[0].max(&[1], false)).first_order_only(),
         // Near 1, so products of four stay tame.
-        case("prod axis -1", vec![rand(&d, 0.6, 1.4, 23)], |_, x| x[0].prod(&[-1], false)).and_second_order(),
+        case("prod axis -1", vec![rand(&d, 0.6, 1.4, 23)], |_, x| x[0].prod(&[-1], false)),
         case("matmul [2,3]x[3,4]", vec![rand(&[2, 3], -1.0, 1.0, 24), rand(&[3, 4], -1.0, 1.0, 25)], |_, x| {
             x[0].matmul(x[1])
-        })
-        .and_second_order(),
+        }),
         case("matmul both transposed", vec![rand(&[3, 2], -1.0, 1.0, 26), rand(&[4, 3], -1.0, 1.0, 27)], |_, x| {
             x[0].matmul_t(x[1], true, true)
-        }),
+        })
+        .first_order_only(),
         case(
             "matmul batch broadcast [2,1,2,3]x[3,3,2]",
             vec![rand(&[2, 1, 2, 3], -1.0, 1.0, 28), rand(&[3, 3, 2], -1.0, 1.0, 29)],
             |_, x| x[0].matmul(x[1]),
-        ),
-        case("matmul x·xᵀ", vec![rand(&[2, 3], -1.0, 1.0, 30)], |_, x| x[0].matmul_t(x[0], false, true))
-            .and_second_order(),
+        )
+        .first_order_only(),
+        case("matmul x·xᵀ", vec![rand(&[2, 3], -1.0, 1.0, 30)], |_, x| x[0].matmul_t(x[0], false, true)),
     ];
-    run_all(&wg, cases);
+    run_all(&Suite::on(&wg, options(), WGPU_CAP), cases);
 }
 
 #[test]
@@ -225,25 +143,25 @@ fn movement_and_indexing() {
         // Each feeds a non-linear op, so the second derivative is not zero.
         case("permute [2,0,1] then square", vec![rand(&[2, 3, 4], -1.0, 1.0, 40)], |_, x| {
             x[0].permute(&[2, 0, 1])?.square()
-        })
-        .and_second_order(),
-        case("slice with steps", vec![rand(&[4, 5], -1.0, 1.0, 41)], move |_, x| x[0].slice(&steps)?.exp()),
+        }),
+        case("slice with steps", vec![rand(&[4, 5], -1.0, 1.0, 41)], move |_, x| x[0].slice(&steps)?.exp())
+            .first_order_only(),
         case("concat axis 1", vec![rand(&[2, 1], -1.0, 1.0, 42), rand(&[2, 3], -1.0, 1.0, 43)], |_, x| {
             Tensor::concat(&[x[0], x[1], x[0].mul(2.0)?], 1)?.tanh()
-        }),
-        case("expand [3,1]->[2,3,4]", vec![rand(&[3, 1], -1.0, 1.0, 44)], |_, x| x[0].expand(&[2, 3, 4])?.sin()),
+        })
+        .first_order_only(),
+        case("expand [3,1]->[2,3,4]", vec![rand(&[3, 1], -1.0, 1.0, 44)], |_, x| x[0].expand(&[2, 3, 4])?.sin())
+            .first_order_only(),
         case("index_select axis 0, repeated indices", vec![rand(&[3, 4], -1.0, 1.0, 45)], |g, x| {
             x[0].index_select(0, g.tensor_from(&[2i32, 0, 2, 1], &[4])?)?.exp()
-        })
-        .and_second_order(),
+        }),
         case(
             "scatter_add axis 1, repeated indices",
             vec![rand(&[2, 3], -1.0, 1.0, 46), rand(&[2, 4], -1.0, 1.0, 47)],
             |g, x| x[0].scatter_add(1, g.tensor_from(&[2i32, 2, 0, 1], &[4])?, x[1])?.square(),
-        )
-        .and_second_order(),
+        ),
     ];
-    run_all(&wg, cases);
+    run_all(&Suite::on(&wg, options(), WGPU_CAP), cases);
 }
 
 /// (x − mean) / sqrt(var + 1e-5) · w + b over the last axis.
@@ -258,23 +176,22 @@ fn composed_ops() {
     let Some(wg) = common::vulkan_device("the wgpu gradcheck") else { return };
     let labels = [0i32, 3, 1];
     let cases = vec![
-        case("softmax -1", vec![rand(&[3, 4], -2.0, 2.0, 50)], |_, x| x[0].softmax(-1)).and_second_order(),
-        case("log_softmax -1", vec![rand(&[3, 4], -2.0, 2.0, 51)], |_, x| x[0].log_softmax(-1)).and_second_order(),
+        case("softmax -1", vec![rand(&[3, 4], -2.0, 2.0, 50)], |_, x| x[0].softmax(-1)),
+        case("log_softmax -1", vec![rand(&[3, 4], -2.0, 2.0, 51)], |_, x| x[0].log_softmax(-1)),
         case("cross_entropy (integer labels)", vec![rand(&[3, 4], -2.0, 2.0, 52)], move |g, x| {
             cross_entropy(x[0], g.tensor_from(&labels, &[3])?)
-        })
-        .and_second_order(),
-        case("gelu", vec![rand(&[2, 3], -3.0, 3.0, 53)], |_, x| x[0].gelu()).and_second_order(),
+        }),
+        case("gelu", vec![rand(&[2, 3], -3.0, 3.0, 53)], |_, x| x[0].gelu()),
         case(
             "layer norm (mean/var over the last axis)",
             vec![rand(&[3, 4], -1.0, 1.0, 54), rand(&[4], 0.5, 1.5, 55), rand(&[4], -0.5, 0.5, 56)],
             |_, x| layer_norm(x[0], x[1], x[2]),
-        )
-        .and_second_order(),
+        ),
         case("mse against a constant target", vec![rand(&[2, 3], -1.0, 1.0, 57)], |g, x| {
             let target = constant(g, &[0.5, -0.25, 0.0, 1.0, -1.0, 0.75], &[2, 3], x[0].dtype())?;
             x[0].sub(target)?.square()?.mean_all()
-        }),
+        })
+        .first_order_only(),
     ];
-    run_all(&wg, cases);
+    run_all(&Suite::on(&wg, options(), WGPU_CAP), cases);
 }

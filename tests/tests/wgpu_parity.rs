@@ -323,6 +323,16 @@ fn reductions_forward_and_backward() {
             });
         }
     }
+    // Blocks past one workgroup's 256 leaves (32,768 elements): a second
+    // pass over partials, for every op (values near 1 keep Prod finite).
+    let longer = rand(2 * 40_000, 10, 0.999, 1.001);
+    for op in ReduceOp::ALL {
+        let tol = if matches!(op, ReduceOp::Sum | ReduceOp::Prod) { SUMS } else { EXACT };
+        forward(&wg, &format!("{} over two passes", op.name()), tol, |g| {
+            let y = g.tensor_from(&longer[..], &[2, 40_000])?;
+            Ok(vec![y.reduce(op, &[1], false)?, y.reduce(op, &[0, 1], false)?])
+        });
+    }
     // NaN, ties and integers.
     let x = [1.0f32, f32::NAN, 3.0, 5.0, 5.0, 5.0, 0.0, 5.0];
     let ints: Vec<i32> = (0..600).map(|i| (i * 7919 % 1000) - 500).collect();

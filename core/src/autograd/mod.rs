@@ -9,8 +9,10 @@
 
 pub mod rules;
 mod segment;
+mod vjp;
 
 pub use segment::{checkpoint, checkpoint_many};
+pub use vjp::{custom_vjp, custom_vjp_many, VjpBackward};
 
 use smallvec::SmallVec;
 
@@ -91,15 +93,19 @@ fn build_gradients(graph: &Graph, root: NodeId, seed: NodeId) -> Result<Vec<Opti
 /// A checkpointed segment is handled as one unit (see `segment`); its
 /// copy is walked by a nested call, so the depth of that recursion is the
 /// nesting depth of the user's `checkpoint` calls, never the graph's size.
+/// A custom-gradient region is one unit too (see `vjp`).
 fn walk(graph: &Graph, grads: &mut Vec<Option<NodeId>>, lo: NodeId, hi: NodeId) -> Result<()> {
-    let segments = graph.top_segments(lo, hi);
-    let mut next = segments.iter().peekable();
+    let units = graph.top_units(lo, hi);
+    let mut next = units.iter().peekable();
     let mut id = hi;
     while id > lo {
         id -= 1;
-        if let Some(&seg) = next.next_if(|s| id < s.end) {
-            segment::replay_segment(graph, grads, seg, id + 1)?;
-            id = seg.start;
+        if let Some(&unit) = next.next_if(|u| id < u.end()) {
+            match unit {
+                segment::Unit::Segment(seg) => segment::replay_segment(graph, grads, seg, id + 1)?,
+                segment::Unit::Vjp { index, .. } => vjp::apply_vjp(graph, grads, index, id + 1)?,
+            }
+            id = unit.start();
             continue;
         }
         differentiate_node(graph, grads, id)?;
@@ -145,17 +151,20 @@ impl<'g> Tensor<'g> {
     /// added into every parameter's `grad` and kept for leaf variables and
     /// `retain_grad` tensors. The graph is consumed: another backward over it
     /// is an error (see `backward_with_options` to keep it).
+    #[track_caller]
     pub fn backward(self) -> Result<()> {
         self.backward_with_options(BackwardOptions::default())
     }
 
     /// Backward from a non-scalar root with an explicit cotangent.
+    #[track_caller]
     pub fn backward_with(self, seed: Tensor<'g>) -> Result<()> {
         self.backward_with_options(BackwardOptions { seed: Some(seed), keep_graph: false })
     }
 
     /// Backward with every option. Failure-atomic: on error, no parameter,
     /// gradient or graph node has changed.
+    #[track_caller]
     pub fn backward_with_options(self, options: BackwardOptions<'g>) -> Result<()> {
         self.backward_observed(options, &mut |_, _| Ok(()))
     }
@@ -171,7 +180,17 @@ impl<'g> Tensor<'g> {
     /// its contents are not final until `backward` returns, so read it there
     /// only after. An error from `grad_ready` fails the backward pass
     /// (failure-atomic, as above).
+    #[track_caller]
     pub fn backward_observed(
+        self,
+        options: BackwardOptions<'g>,
+        grad_ready: &mut dyn FnMut(&Param, BufferId) -> Result<()>,
+    ) -> Result<()> {
+        let caller = std::panic::Location::caller();
+        self.backward_unlocated(options, grad_ready).map_err(|e| e.or_at(caller))
+    }
+
+    fn backward_unlocated(
         self,
         options: BackwardOptions<'g>,
         grad_ready: &mut dyn FnMut(&Param, BufferId) -> Result<()>,
@@ -320,7 +339,18 @@ impl Graph {
     /// this graph that are themselves differentiable (higher order: take the
     /// `grad` of a gradient). Nothing is accumulated anywhere and the graph
     /// is not consumed. A `wrt` tensor the root does not depend on gets zeros.
+    #[track_caller]
     pub fn grad<'g>(
+        &'g self,
+        root: Tensor<'g>,
+        wrt: &[Tensor<'g>],
+        seed: Option<Tensor<'g>>,
+    ) -> Result<Vec<Tensor<'g>>> {
+        let caller = std::panic::Location::caller();
+        self.grad_unlocated(root, wrt, seed).map_err(|e| e.or_at(caller))
+    }
+
+    fn grad_unlocated<'g>(
         &'g self,
         root: Tensor<'g>,
         wrt: &[Tensor<'g>],

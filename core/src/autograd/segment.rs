@@ -28,7 +28,7 @@ use std::panic::Location;
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
-use crate::graph::{flags, Graph, NodeId, Segment, SlabRange, Tensor};
+use crate::graph::{flags, Graph, NodeId, Segment, SlabRange, Tensor, VjpRegion};
 
 /// Run `f(x)` as an activation-checkpointed segment: its intermediate
 /// values are not kept for the backward pass, which recomputes them from
@@ -119,20 +119,29 @@ impl Graph {
         state.segments.push(Segment { start, end });
     }
 
-    /// The outermost segments starting in `lo..hi`, by start, last first.
-    pub(crate) fn top_segments(&self, lo: NodeId, hi: NodeId) -> SmallVec<[Segment; 8]> {
+    /// The outermost units (checkpointed segments and custom-gradient
+    /// regions) starting in `lo..hi`, by start, last first.
+    pub(crate) fn top_units(&self, lo: NodeId, hi: NodeId) -> SmallVec<[Unit; 8]> {
         let state = self.state.borrow();
-        let mut inside: SmallVec<[Segment; 8]> =
-            state.segments.iter().filter(|s| s.start >= lo && s.start < hi).copied().collect();
-        inside.sort_by_key(|s| (s.start, std::cmp::Reverse(s.end)));
-        let mut tops: SmallVec<[Segment; 8]> = SmallVec::new();
-        for s in inside {
-            // Segments nest (each one spans the nodes one closure made), so
+        let segments = state.segments.iter().filter(|s| s.start >= lo && s.start < hi).map(|&s| Unit::Segment(s));
+        let vjps = state
+            .vjps
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.start >= lo && r.start < hi)
+            .map(|(index, r)| Unit::Vjp { index, start: r.start, end: r.end });
+        let mut inside: SmallVec<[Unit; 8]> = segments.chain(vjps).collect();
+        // A segment and a region over the same nodes can only come from
+        // checkpoint(|x| custom_vjp(..)): the segment is the outer one.
+        inside.sort_by_key(|u| (u.start(), std::cmp::Reverse(u.end()), matches!(u, Unit::Vjp { .. })));
+        let mut tops: SmallVec<[Unit; 8]> = SmallVec::new();
+        for u in inside {
+            // Units nest (each one spans the nodes one closure made), so
             // one starting inside the last kept one is inside it.
-            if tops.last().is_some_and(|last| s.start < last.end) {
+            if tops.last().is_some_and(|last| u.start() < last.end()) {
                 continue;
             }
-            tops.push(s);
+            tops.push(u);
         }
         tops.reverse();
         tops
@@ -158,6 +167,33 @@ impl Graph {
             }
         }
         Ok(copy)
+    }
+}
+
+/// A part of the graph the backward walk handles as one unit.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Unit {
+    Segment(Segment),
+    /// Region `index` of the graph's custom-gradient regions.
+    Vjp {
+        index: usize,
+        start: NodeId,
+        end: NodeId,
+    },
+}
+
+impl Unit {
+    pub fn start(&self) -> NodeId {
+        match *self {
+            Unit::Segment(s) => s.start,
+            Unit::Vjp { start, .. } => start,
+        }
+    }
+    pub fn end(&self) -> NodeId {
+        match *self {
+            Unit::Segment(s) => s.end,
+            Unit::Vjp { end, .. } => end,
+        }
     }
 }
 
@@ -189,14 +225,44 @@ pub(super) fn replay_segment(
     if !any {
         return Ok(());
     }
-    for id in (start..end).rev() {
-        if !needed[local(id)] || graph.node(id).op.is_leaf() {
-            continue;
-        }
-        for input in graph.inputs_of(id) {
-            if input >= start {
-                needed[local(input)] = true;
+    // Custom-gradient regions inside: their backward reads every input and
+    // output, so a region with one needed output needs all of them and its
+    // inputs (repeat until nothing changes: a region's inputs may feed
+    // another region's outputs).
+    let regions: SmallVec<[(usize, VjpRegion); 4]> = graph
+        .state
+        .borrow()
+        .vjps
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.start >= start && r.end <= segment.end && r.start < end)
+        .map(|(i, r)| (i, r.clone()))
+        .collect();
+    loop {
+        for id in (start..end).rev() {
+            if !needed[local(id)] || graph.node(id).op.is_leaf() {
+                continue;
             }
+            for input in graph.inputs_of(id) {
+                if input >= start {
+                    needed[local(input)] = true;
+                }
+            }
+        }
+        let mut changed = false;
+        for (_, r) in &regions {
+            if !r.outputs.iter().any(|&o| o < end && needed[local(o)]) {
+                continue;
+            }
+            for &n in r.outputs.iter().chain(&r.inputs) {
+                if n >= start && n < end && !needed[local(n)] {
+                    needed[local(n)] = true;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
         }
     }
 
@@ -238,6 +304,19 @@ pub(super) fn replay_segment(
         if lo != NONE {
             graph.seal_segment(lo, hi + 1);
         }
+    }
+
+    // Regions inside become regions of the copy, reading the copies.
+    for (_, r) in regions {
+        let map = |id: NodeId| if id >= start && id < end { copy_of[local(id)] } else { id };
+        let copies = (r.start..r.end.min(end)).map(|id| copy_of[local(id)]).filter(|&c| c != NONE && c >= first_copy);
+        let (lo, hi) = copies.fold((NONE, 0), |(lo, hi), c| (lo.min(c), hi.max(c)));
+        let outputs: SmallVec<[NodeId; 4]> = r.outputs.iter().map(|&o| map(o)).collect();
+        if lo == NONE || outputs.contains(&NONE) {
+            continue;
+        }
+        let inputs = r.inputs.iter().map(|&i| map(i)).collect();
+        graph.state.borrow_mut().vjps.push(VjpRegion { start: lo, end: hi + 1, inputs, outputs, ..r });
     }
 
     // The copies start from the gradients gathered outside, then the walk

@@ -44,6 +44,18 @@ pub trait Optimizer {
     }
 }
 
+/// One learning rate per group, no more and no fewer.
+#[track_caller]
+fn check_group_count(given: usize, groups: usize) -> Result<()> {
+    if given != groups {
+        return Err(Error::invalid(
+            "set_group_learning_rates",
+            format!("{given} learning rates given for {groups} parameter groups"),
+        ));
+    }
+    Ok(())
+}
+
 /// Parameters that share hyper-parameters. `lr`/`weight_decay` left as
 /// None take the optimizer's defaults (PyTorch's `param_groups`).
 #[derive(Clone, Debug, Default)]
@@ -324,6 +336,7 @@ impl Optimizer for Sgd {
         self.groups.iter().map(|g| g.lr).collect()
     }
     fn set_group_learning_rates(&mut self, lrs: &[f64]) -> Result<()> {
+        check_group_count(lrs.len(), self.groups.len())?;
         for &lr in lrs {
             check_hyper("set_group_learning_rates", "lr", lr, lr >= 0.0)?;
         }
@@ -438,6 +451,7 @@ impl Optimizer for Adam {
         self.groups.iter().map(|g| g.lr).collect()
     }
     fn set_group_learning_rates(&mut self, lrs: &[f64]) -> Result<()> {
+        check_group_count(lrs.len(), self.groups.len())?;
         for &lr in lrs {
             check_hyper("set_group_learning_rates", "lr", lr, lr >= 0.0)?;
         }

@@ -1,9 +1,10 @@
 //! Launches matmul.wgsl: operand geometry (transposes as strides, broadcast
 //! batch axes) computed on the host, batches over the z limit split into
-//! several dispatches.
+//! several dispatches, K above `K_CHUNK` split into chunks whose products are
+//! combined by the summation rule's tree (docs/reductions.md).
 
 use kiln_core::backend::checks::MatMulGeometry;
-use kiln_core::backend::TensorRef;
+use kiln_core::backend::{BufferId, TensorRef};
 use kiln_core::shape::fmt_dims;
 use kiln_core::{DType, Error, Result};
 
@@ -15,6 +16,14 @@ use crate::{Arg, WgpuBackend};
 const OP: &str = "MatMul";
 /// Output tile edge of one workgroup (TILE in matmul.wgsl).
 const TILE: usize = 64;
+/// Longest run of k one invocation sums (as the CPU's K_CHUNK: 8 leaves of
+/// the rule). Longer K is split into chunks of this many.
+pub(crate) const K_CHUNK: usize = 1024;
+/// Chunk products one `combine` invocation reduces (FAN_IN in matmul.wgsl).
+const FAN_IN: usize = 64;
+/// Scratch for chunk products held at once, in bytes, unless
+/// `WgpuOptions::max_matmul_scratch_bytes` lowers it.
+pub(crate) const SCRATCH_BYTES: u64 = 64 << 20;
 
 pub(crate) fn matmul(
     be: &WgpuBackend,
@@ -45,7 +54,7 @@ pub(crate) fn matmul(
     if out.numel() == 0 {
         return Ok(());
     }
-    let mut params = vec![0u32; 33];
+    let mut params = vec![0u32; 37];
     for (i, v) in [m, n, k, ma.rs, ma.cs, mb.rs, mb.cs].into_iter().enumerate() {
         params[i] = word(OP, v)?;
     }
@@ -61,13 +70,153 @@ pub(crate) fn matmul(
     if gx as usize > max_z || gy as usize > max_z {
         return Err(Error::unsupported(OP, format!("{m} x {n} outputs exceed this adapter's dispatch grid")));
     }
-    let args = [(1, Arg::input(a)), (2, Arg::input(b)), (3, Arg::output(out))];
-    let mut first = 0;
-    while first < batches {
-        let count = (batches - first).min(max_z);
-        params[32] = word(OP, first)?;
-        be.launch(OP, Kernel::MatMul, "main", &args, &params, [gx, gy, count as u32])?;
-        first += count;
+    let chunks = k.div_ceil(K_CHUNK);
+    params[33] = word(OP, if chunks <= 1 { k.max(1) } else { K_CHUNK })?;
+    let products = Products { be, params, grid: (gx, gy, max_z), batches, a, b };
+    if chunks <= 1 {
+        return products.launch_chunks(0, 1, Dest::Out(out), 0);
     }
-    Ok(())
+    let outputs = out.numel();
+    // Chunks whose products fit in scratch at once: a power of two, so that
+    // each such group is a complete subtree of the rule's tree.
+    let budget = be.matmul_scratch_bytes().min(be.ctx().limits.max_storage_buffer_binding_size) / 4;
+    let fit = (budget / outputs as u64).clamp(1, max_z as u64);
+    let group = (1usize << fit.ilog2()).min(chunks.next_power_of_two());
+    if group >= chunks {
+        return products.chunk_group(0, chunks, outputs, Dest::Out(out));
+    }
+    // Groups of chunks reduced one after another, their values merged by
+    // the binary-counter form of the rule (docs/reductions.md): after group
+    // number i (from 1), merge the top two trailing_zeros(i) times.
+    let mut stack: Vec<BufferId> = Vec::new();
+    let result = (|| {
+        for (i, first) in (0..chunks).step_by(group).enumerate() {
+            let id = be.scratch(DType::F32, outputs)?;
+            stack.push(id);
+            products.chunk_group(first, group.min(chunks - first), outputs, Dest::Scratch(id))?;
+            for _ in 0..(i + 1).trailing_zeros() {
+                let top = stack.pop().expect("two entries");
+                let below = *stack.last().expect("two entries");
+                let merged = accumulate(be, below, top, outputs);
+                be.free_scratch(top);
+                merged?;
+            }
+        }
+        let mut acc = stack.pop().expect("at least one group");
+        while let Some(below) = stack.pop() {
+            let merged = accumulate(be, below, acc, outputs);
+            be.free_scratch(acc);
+            acc = below;
+            if merged.is_err() {
+                stack.push(acc);
+                return merged;
+            }
+        }
+        stack.push(acc);
+        be.record_copy(OP, acc, out.buffer, outputs)
+    })();
+    for id in stack {
+        be.free_scratch(id);
+    }
+    result
+}
+
+/// Where a run of chunk products (or their combined value) goes.
+#[derive(Clone, Copy)]
+enum Dest<'a, 'b> {
+    Out(&'a TensorRef<'b>),
+    Scratch(BufferId),
+}
+
+impl Dest<'_, '_> {
+    fn arg(self, len: usize) -> Arg {
+        match self {
+            Dest::Out(t) => Arg::output(t),
+            Dest::Scratch(id) => Arg::Buffer { id, dtype: DType::F32, len, write: true },
+        }
+    }
+}
+
+struct Products<'a, 'b> {
+    be: &'a WgpuBackend,
+    params: Vec<u32>,
+    /// Workgroups along x and y, and the adapter's z limit.
+    grid: (u32, u32, usize),
+    batches: usize,
+    a: &'a TensorRef<'b>,
+    b: &'a TensorRef<'b>,
+}
+
+impl Products<'_, '_> {
+    /// Dispatch `main` for chunks first .. first + count of every batch,
+    /// chunk c's products at c * stride of `dest`.
+    fn launch_chunks(&self, first: usize, count: usize, dest: Dest<'_, '_>, stride: usize) -> Result<()> {
+        let mut params = self.params.clone();
+        params[34] = word(OP, first)?;
+        params[35] = word(OP, count)?;
+        params[36] = word(OP, stride)?;
+        let (gx, gy, max_z) = self.grid;
+        let per_dispatch = (max_z / count).max(1);
+        let len = stride * (count - 1) + self.batches * (params[0] as usize) * (params[1] as usize);
+        let args = [(1, Arg::input(self.a)), (2, Arg::input(self.b)), (3, dest.arg(len))];
+        let mut batch = 0;
+        while batch < self.batches {
+            let n = (self.batches - batch).min(per_dispatch);
+            params[32] = word(OP, batch)?;
+            let z = word(OP, n * count)?;
+            self.be.launch(OP, Kernel::MatMul, "main", &args, &params, [gx, gy, z])?;
+            batch += n;
+        }
+        Ok(())
+    }
+
+    /// The products of chunks first .. first + count combined into `dest`
+    /// (`count` at most the scratch group, a power of two unless it is the
+    /// last group).
+    fn chunk_group(&self, first: usize, count: usize, outputs: usize, dest: Dest<'_, '_>) -> Result<()> {
+        let be = self.be;
+        if count == 1 {
+            return self.launch_chunks(first, 1, dest, 0);
+        }
+        let parts = be.scratch(DType::F32, count * outputs)?;
+        let mut current = parts;
+        let result = (|| {
+            self.launch_chunks(first, count, Dest::Scratch(parts), outputs)?;
+            let mut items = count;
+            loop {
+                let groups = items.div_ceil(FAN_IN);
+                let input = Arg::Buffer { id: current, dtype: DType::F32, len: items * outputs, write: false };
+                let params = [word(OP, outputs)?, word(OP, items)?];
+                let grid = be.grid_for(OP, outputs * groups)?;
+                if groups == 1 {
+                    return be.launch(
+                        OP,
+                        Kernel::MatMul,
+                        "combine",
+                        &[(1, input), (3, dest.arg(outputs))],
+                        &params,
+                        grid,
+                    );
+                }
+                let next = be.scratch(DType::F32, groups * outputs)?;
+                let output = Arg::Buffer { id: next, dtype: DType::F32, len: groups * outputs, write: true };
+                let launched = be.launch(OP, Kernel::MatMul, "combine", &[(1, input), (3, output)], &params, grid);
+                be.free_scratch(current);
+                current = next;
+                launched?;
+                items = groups;
+            }
+        })();
+        be.free_scratch(current);
+        result
+    }
+}
+
+/// below += top, elementwise over `outputs` values.
+fn accumulate(be: &WgpuBackend, below: BufferId, top: BufferId, outputs: usize) -> Result<()> {
+    let args = [
+        (1, Arg::Buffer { id: top, dtype: DType::F32, len: outputs, write: false }),
+        (3, Arg::Buffer { id: below, dtype: DType::F32, len: outputs, write: true }),
+    ];
+    be.launch(OP, Kernel::MatMul, "accumulate", &args, &[word(OP, outputs)?], be.grid_for(OP, outputs)?)
 }

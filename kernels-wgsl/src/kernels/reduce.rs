@@ -1,10 +1,13 @@
 //! Launches reduce.wgsl: the input's axes split into kept and reduced
-//! groups (each collapsed on the host), one output per kept index.
+//! groups (each collapsed on the host), one output per kept index, long
+//! blocks reduced over several workgroups and passes in the summation rule's
+//! order (docs/reductions.md).
 
+use kiln_core::backend::BufferId;
 use kiln_core::backend::{checks, TensorRef};
 use kiln_core::op::ReduceOp;
 use kiln_core::shape::AxisSet;
-use kiln_core::Result;
+use kiln_core::{DType, Result};
 
 use super::elementwise::contiguous;
 use super::{ty, unsupported_dtype};
@@ -12,9 +15,12 @@ use crate::geometry::{group, word};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
 
-/// Blocks shorter than this are folded by one thread per output (`serial`,
-/// the CPU's order and bits); longer ones by a workgroup per output (`tree`).
-const TREE_FROM: usize = 128;
+/// Elements of one leaf of the rule (LEAF in reduce.wgsl; the CPU's
+/// `reduce::LEAF`). Blocks of at most one leaf are folded by one thread per
+/// output (`serial`, the CPU's order and bits).
+const LEAF: usize = 128;
+/// Leaves (first pass) or partials (later passes) one workgroup combines.
+const FAN_IN: usize = crate::shaders::WG as usize;
 
 pub(crate) fn reduce(
     be: &WgpuBackend,
@@ -49,11 +55,65 @@ pub(crate) fn reduce(
     params.extend(rdims);
     params.extend(rstrides);
     params.push(word(name, block)?);
-    let (entry, groups) = if block < TREE_FROM {
-        ("serial", be.grid_for(name, outputs)?)
-    } else {
-        ("tree", be.ctx().grid(name, outputs as u64)?)
-    };
-    let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-    be.launch(name, Kernel::Reduce(op, ty(x.dtype)), entry, &args, &params, groups)
+    params.extend([0, 0]); // p[36] workgroups per output, p[37] partials per output
+    if block <= LEAF {
+        let args = [(1, Arg::input(x)), (2, Arg::output(out))];
+        let groups = be.grid_for(name, outputs)?;
+        return be.launch(name, Kernel::Reduce(op, ty(x.dtype)), "serial", &args, &params, groups);
+    }
+    passes(be, name, Kernel::Reduce(op, ty(x.dtype)), (x, out), outputs, block.div_ceil(LEAF), params)
+}
+
+/// The first pass over the leaves, then passes over partials until one per
+/// output remains; partials live in scratch buffers freed once recorded (the
+/// recorded dispatches keep them alive until they have run).
+fn passes(
+    be: &WgpuBackend,
+    name: &'static str,
+    kernel: Kernel,
+    (x, out): (&TensorRef<'_>, &TensorRef<'_>),
+    outputs: usize,
+    leaves: usize,
+    mut params: Vec<u32>,
+) -> Result<()> {
+    let mut items = leaves;
+    let mut input: Option<BufferId> = None;
+    let result = (|| loop {
+        let groups = items.div_ceil(FAN_IN);
+        params[36] = word(name, groups)?;
+        params[37] = word(name, items)?;
+        let total = outputs.checked_mul(groups).ok_or_else(|| too_many(name, outputs, groups))?;
+        let grid = be.ctx().grid(name, total as u64)?;
+        let source = match input {
+            None => (1, Arg::input(x)),
+            Some(id) => (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * items, write: false }),
+        };
+        let first = input.is_none();
+        if groups == 1 {
+            let entry = if first { "leaves_to_out" } else { "parts_to_out" };
+            return be.launch(name, kernel, entry, &[source, (2, Arg::output(out))], &params, grid);
+        }
+        let len = 2 * total;
+        let parts = be.scratch(PART_DTYPE, len)?;
+        let entry = if first { "leaves_to_parts" } else { "parts_to_parts" };
+        let sink = (3, Arg::Buffer { id: parts, dtype: PART_DTYPE, len, write: true });
+        let launched = be.launch(name, kernel, entry, &[source, sink], &params, grid);
+        if let Some(old) = input.replace(parts) {
+            be.free_scratch(old);
+        }
+        launched?;
+        items = groups;
+    })();
+    if let Some(id) = input {
+        be.free_scratch(id);
+    }
+    result
+}
+
+/// Partials travel as pairs of u32 words (value bits, element index); the
+/// buffers are allocated as i32, which has the same word size.
+const PART_DTYPE: DType = DType::I32;
+
+fn too_many(name: &'static str, outputs: usize, groups: usize) -> kiln_core::Error {
+    kiln_core::Error::unsupported(name, format!("{outputs} outputs x {groups} workgroups overflow"))
 }

@@ -1,6 +1,8 @@
 //! Helpers shared by the cross-crate test files.
 #![allow(dead_code)]
 
+pub mod cases;
+
 use kiln::{Blocking, BlockingParam, Device, DeviceSelection, Param, Tensor, WgpuOptions};
 use kiln_wgsl::wgpu;
 
