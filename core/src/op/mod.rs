@@ -214,6 +214,14 @@ pub enum Op {
     RandNormal {
         seed: u64,
     },
+    /// Softmax over the last axis of [..., L, S] keeping, in row i (the
+    /// position along the second-to-last axis), the keys j with
+    /// j - i <= diagonal: the causal mask as an attribute, so no mask tensor
+    /// exists. Entries of -inf count as masked too; a row with nothing kept
+    /// is all zeros (not NaN). Stable: each row is shifted by its kept max.
+    CausalSoftmax {
+        diagonal: i32,
+    },
 }
 
 impl UnaryOp {
@@ -298,12 +306,13 @@ impl Op {
             Op::Col2Im { window, image: [1, 1] },
             Op::MaxPool2d(window),
             Op::MaxPool2dBackward(window),
+            Op::CausalSoftmax { diagonal: 0 },
         ]);
         debug_assert!(kinds.iter().all(|k| k.kind_of() < Op::KIND_GROUPS));
         kinds
     }
 
-    const KIND_GROUPS: usize = 25;
+    const KIND_GROUPS: usize = 26;
 
     /// Which group of `kinds()` an op belongs to (exhaustive on purpose).
     fn kind_of(&self) -> usize {
@@ -333,6 +342,7 @@ impl Op {
             Op::Col2Im { .. } => 22,
             Op::MaxPool2d(_) => 23,
             Op::MaxPool2dBackward(_) => 24,
+            Op::CausalSoftmax { .. } => 25,
         }
     }
 
