@@ -295,6 +295,14 @@ impl Tensor {
         }
     }
 
+    /// Softmax over the last axis of [..., L, S] keeping, in row i, the keys
+    /// j with j - i <= `diagonal` (default 0: causal attention); one
+    /// primitive, no mask tensor. Rows with nothing kept give zeros.
+    #[wasm_bindgen(js_name = causalSoftmax)]
+    pub fn causal_softmax(&self, diagonal: Option<i32>) -> Res<Tensor> {
+        self.map(|t| t.causal_softmax(diagonal.unwrap_or(0) as i64))
+    }
+
     /// Logical not of a bool tensor.
     #[wasm_bindgen(js_name = logicalNot)]
     pub fn logical_not(&self) -> Res<Tensor> {

@@ -68,5 +68,6 @@ export const reach = {
   Im2Col: (g) => img(g).im2col(2),
   Col2Im: (g) => img(g).im2col(2).col2im([4, 4], 2),
   MaxPool2d: (g) => img(g).maxPool2d(2),
+  CausalSoftmax: (g) => f32(g, [1, 2, 3, 4], [2, 2]).causalSoftmax(),
   MaxPool2dBackward: (g) => { const x = img(g); return x.maxPool2dBackward(x.maxPool2d(2), 2); },
 };

@@ -295,6 +295,7 @@ export const tests = [
     allClose(await v.expm1().toArray(), [Math.expm1(-1), Math.expm1(0.5)], 1e-6, 'expm1');
     allClose(await v.leakyRelu(0.1).toArray(), [-0.1, 0.5], 1e-6, 'leakyRelu');
     allClose(await g.ones([2, 2]).tril().toArray(), [1, 0, 1, 1], 0, 'tril');
+    allClose(await g.zeros([2, 2]).causalSoftmax().toArray(), [1, 0, 0.5, 0.5], 1e-6, 'causalSoftmax');
     const m = g.tensor(new Uint8Array([1, 0]), [2]);
     allClose(await v.maskedFill(m, 9).toArray(), [9, 0.5], 0, 'maskedFill');
     throws(() => x.slice([[0, 1, 0]]), (e) => assert(e.kind === 'InvalidArgument' && /step/.test(e.message), e.message), 'zero step');
