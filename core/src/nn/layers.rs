@@ -195,6 +195,11 @@ impl Sequential {
         self.layers.is_empty()
     }
 
+    /// The layers, in order (bindings that keep their own container use it).
+    pub fn into_layers(self) -> Vec<Box<dyn Module>> {
+        self.layers
+    }
+
     /// A multi-layer perceptron: Linear layers of the given widths with
     /// `activation` between them (not after the last).
     #[track_caller]
