@@ -32,11 +32,28 @@ use crate::param::Param;
 use crate::shape::fmt_dims;
 
 /// Everything a module's checkpoint holds: `named_parameters()` then
-/// `named_buffers()`.
+/// `named_buffers()`, each `Param` once, under the first key that names it.
+/// One `Param` used by two modules (weight tying: a language model's output
+/// layer sharing the token embedding) is saved once under that stable key;
+/// loading it restores the one shared `Param`, so the tie holds.
 pub fn named_state(module: &dyn Module) -> Vec<(String, Param)> {
-    let mut entries = module.named_parameters();
-    entries.extend(module.named_buffers());
-    entries
+    state_and_aliases(module).0
+}
+
+/// `named_state`, and the later keys of tied parameters as (alias key,
+/// index of the entry it repeats).
+fn state_and_aliases(module: &dyn Module) -> (Vec<(String, Param)>, Vec<(String, usize)>) {
+    let mut all = module.named_parameters();
+    all.extend(module.named_buffers());
+    let mut entries: Vec<(String, Param)> = Vec::with_capacity(all.len());
+    let mut aliases = Vec::new();
+    for (key, param) in all {
+        match entries.iter().position(|(_, p)| p.same(&param)) {
+            Some(first) => aliases.push((key, first)),
+            None => entries.push((key, param)),
+        }
+    }
+    (entries, aliases)
 }
 
 /// The module's parameters and buffers as a safetensors file's bytes.
@@ -85,15 +102,31 @@ pub fn save_state_with(
 pub fn load_state(module: &dyn Module, bytes: &[u8]) -> Result<()> {
     const OP: &str = "checkpoint::load_state";
     let file = parse(OP, bytes)?;
-    let entries = named_state(module);
-    let expected: HashSet<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
+    let (entries, aliases) = state_and_aliases(module);
+    let mut expected: HashSet<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
+    expected.extend(aliases.iter().map(|(key, _)| key.as_str()));
     let mut missing = Vec::new();
     let mut mismatched = Vec::new();
     let mut values = Vec::with_capacity(entries.len());
-    for (key, param) in &entries {
-        match file.tensor(key) {
-            Err(_) => missing.push(key.clone()),
-            Ok(view) => match host_data(&view) {
+    for (i, (key, param)) in entries.iter().enumerate() {
+        // A tied parameter may also (or only) be in the file under a later
+        // key, as in a PyTorch state_dict: the copies must agree.
+        let mut found = file.tensor(key).ok().map(|view| (key, view));
+        for (alias, _) in aliases.iter().filter(|(_, first)| *first == i) {
+            if let Ok(view) = file.tensor(alias) {
+                match &found {
+                    None => found = Some((alias, view)),
+                    Some((k, v)) if (v.dtype(), v.shape(), v.data()) != (view.dtype(), view.shape(), view.data()) => {
+                        mismatched
+                            .push(format!("'{k}' and '{alias}' name one tied parameter but hold different values"))
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        match found {
+            None => missing.push(key.clone()),
+            Some((_, view)) => match host_data(&view) {
                 Some(data) if data.dtype() == param.dtype() && view.shape() == param.dims().as_slice() => {
                     values.push((param, data))
                 }

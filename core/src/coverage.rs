@@ -165,6 +165,10 @@ pub fn op_case(name: &str) -> Option<Case> {
             let pooled_input = g.from_host(HostData::F64(ramp(16, -0.8, 0.11)), &[1, 1, 4, 4])?;
             pooled_input.max_pool2d_backward(x[0], window(2, 2, 0))
         }),
+        // Diagonal -1 on 4 x 3: the rows keep 0 (all zeros), 1, 2 and 3 keys.
+        "CausalSoftmax" => {
+            case("CausalSoftmax", vec![input(&ramp(24, -0.9, 0.09), &[2, 4, 3])], |_, x| x[0].causal_softmax(-1))
+        }
         _ => None,
     }
 }

@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Tensor};
-use crate::rng::SplitMix64;
+use crate::host_rng::SplitMix64;
 
 /// Tolerances: an element passes when |numeric − analytic| ≤ atol + rtol·|analytic|.
 #[derive(Clone, Copy, Debug)]

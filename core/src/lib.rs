@@ -16,15 +16,15 @@ pub mod error;
 mod exec;
 pub mod gradcheck;
 pub mod graph;
+pub mod host_rng;
 pub mod memory;
 pub mod nn;
 pub mod op;
 mod ops;
 pub mod optim;
 pub mod param;
-pub mod random;
-pub mod rng;
 pub mod shape;
+pub mod tensor_rng;
 
 pub use autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, BackwardOptions};
 pub use backend::{Backend, BufferId, KernelCall, ParamUpdate, TensorRef};

@@ -6,8 +6,8 @@
 //! cargo run --release -p kiln-examples --example gpt -- ../shared/data/shakespeare/shakespeare_plays.txt.gz [STEPS]
 
 use kiln::gpt::{load_text, random_batch, TextData};
+use kiln::host_rng::SplitMix64;
 use kiln::prelude::*;
-use kiln::rng::SplitMix64;
 
 const CONTEXT: usize = 64;
 const WIDTH: usize = 128;

@@ -46,7 +46,7 @@ fn main() -> Result<()> {
             schedule.step(&mut adam);
             last = loss.item_blocking()?;
         }
-        let accuracy = kiln::train::evaluate(&device, &model, &data.test, 1000)?;
+        let accuracy = kiln::evaluate(&device, &model, &data.test, 1000)?;
         println!("epoch {}: last loss {last:.4}, test accuracy {:.2}%", epoch + 1, accuracy * 100.0);
     }
     Ok(())

@@ -28,7 +28,7 @@ fn main() -> kiln::Result<()> {
             optimizer.step()?;
             last_loss = loss.item_blocking()?;
         }
-        let accuracy = kiln::train::evaluate(&device, &model, &data.test, 1000)?;
+        let accuracy = kiln::evaluate(&device, &model, &data.test, 1000)?;
         println!("epoch {}: last loss {last_loss:.4}, test accuracy {:.2}%", epoch + 1, accuracy * 100.0);
     }
     Ok(())

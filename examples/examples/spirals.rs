@@ -3,8 +3,8 @@
 //!
 //! cargo run --release -p kiln-examples --example spirals
 
+use kiln::host_rng::SplitMix64;
 use kiln::prelude::*;
-use kiln::rng::SplitMix64;
 
 /// `n` points per class on two spirals, with a little noise.
 fn spirals(n: usize, seed: u64) -> (Vec<f32>, Vec<i32>) {

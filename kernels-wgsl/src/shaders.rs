@@ -24,9 +24,10 @@ pub const UPDATE: &str = include_str!("shaders/update.wgsl");
 pub const WINDOW: &str = include_str!("shaders/window.wgsl");
 pub const POOL: &str = include_str!("shaders/pool.wgsl");
 pub const RANDOM: &str = include_str!("shaders/random.wgsl");
+pub const ROWWISE: &str = include_str!("shaders/rowwise.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 14] = [
+pub const FILES: [(&str, &str); 15] = [
     ("common.wgsl", COMMON),
     ("fill.wgsl", FILL),
     ("unary.wgsl", UNARY),
@@ -41,6 +42,7 @@ pub const FILES: [(&str, &str); 14] = [
     ("window.wgsl", WINDOW),
     ("pool.wgsl", POOL),
     ("random.wgsl", RANDOM),
+    ("rowwise.wgsl", ROWWISE),
 ];
 
 /// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
@@ -105,6 +107,8 @@ pub enum Kernel {
     Pool,
     /// random.wgsl (RandUniform, RandNormal, f32).
     Random,
+    /// rowwise.wgsl (CausalSoftmax, f32).
+    Rowwise,
     /// A custom op's own kernel (validated when the op was registered).
     Custom(CustomOp),
 }
@@ -120,6 +124,7 @@ impl Kernel {
             Kernel::Pool => &["forward", "backward"],
             Kernel::MatMul => &["main", "combine", "accumulate"],
             Kernel::Random => &["uniform", "normal"],
+            Kernel::Rowwise => &["serial", "tree"],
             _ => &["main"],
         }
     }
@@ -165,6 +170,7 @@ impl Kernel {
             Kernel::Window(t) => fill(WINDOW, &[("{T}", t.wgsl())]),
             Kernel::Pool => POOL.to_string(),
             Kernel::Random => RANDOM.to_string(),
+            Kernel::Rowwise => ROWWISE.to_string(),
             Kernel::Custom(_) => unreachable!("handled above"),
         };
         Some(format!("{COMMON}\n{body}"))
@@ -301,7 +307,7 @@ fn reduce(op: ReduceOp, t: Ty) -> Option<String> {
 
 /// Every variant the backend can generate.
 pub fn all_kernels() -> Vec<Kernel> {
-    let mut v = vec![Kernel::MatMul, Kernel::Copy, Kernel::Update, Kernel::Pool, Kernel::Random];
+    let mut v = vec![Kernel::MatMul, Kernel::Copy, Kernel::Update, Kernel::Pool, Kernel::Random, Kernel::Rowwise];
     for t in Ty::ALL {
         v.push(Kernel::Window(t));
         v.push(Kernel::Fill(t));
@@ -392,8 +398,8 @@ mod tests {
         let kernels = all_kernels();
         // fill, where, index x 3 types; 9 casts; 16 + 4 unary; 18 compares;
         // 7 + 5 binary; 6 + 6 + 2 reductions; matmul, copy, update; window
-        // x 2 types (f32, i32); pool, random.
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 20 + 12 + 18 + 14 + 3 + 2 + 2, "{kernels:?}");
+        // x 2 types (f32, i32); pool, random, rowwise.
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 20 + 12 + 18 + 14 + 3 + 2 + 3, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             let code: String = src.lines().filter(|l| !l.trim_start().starts_with("//")).collect();

@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
+use kiln_core::host_rng::SplitMix64;
 use kiln_core::nn::{cross_entropy, Activation, Module, Sequential};
 use kiln_core::optim::{Adam, Optimizer};
-use kiln_core::rng::SplitMix64;
 use kiln_core::{Device, Graph, Param, Result};
 
 use crate::Blocking;

@@ -10,12 +10,12 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
+use kiln_core::host_rng::SplitMix64;
 use kiln_core::nn::{cross_entropy, init, Embedding, KvCache, LayerNorm, Linear, Module, TransformerBlock};
 use kiln_core::optim::{Adam, LrScheduler, Optimizer, ParamGroup, Schedule};
-use kiln_core::rng::SplitMix64;
 use kiln_core::{DType, Device, Error, Graph, Result, Tensor};
 
-use crate::train::{Replicas, SingleProcess};
+use crate::distributed::{Replicas, SingleProcess};
 use crate::Blocking;
 
 /// The model's shape.

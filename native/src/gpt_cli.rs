@@ -11,11 +11,11 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::checkpoint::{load_optimizer_state_with, read_metadata, save_optimizer_state_with, save_state_with};
 use kiln::distributed::shard_range;
+use kiln::distributed::{Replicas, SingleProcess};
 use kiln::gpt::{self, CharVocab, Gpt, GptConfig, GptTrainConfig, TextData};
+use kiln::host_rng::SplitMix64;
 use kiln::nn::Module;
 use kiln::optim::{Adam, LrScheduler};
-use kiln::rng::SplitMix64;
-use kiln::train::{Replicas, SingleProcess};
 use kiln::{Device, DeviceSelection, Error, Graph, Result};
 
 use crate::{DistributedArgs, WorldRef};

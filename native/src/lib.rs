@@ -31,23 +31,45 @@
 //! # }
 //! ```
 
-pub use kiln_core::*;
+// The engine's API, by name. Not re-exported: what only a backend needs
+// (`kiln_core::backend`'s contract, the op table's attribute types, the
+// memory pool), the generator of random tensors (`kiln_core::tensor_rng`),
+// and the engine's async `checkpoint`/`gradcheck` functions, whose blocking
+// forms are `kiln::checkpoint` and `kiln::gradcheck` below.
+pub use kiln_core::autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, VjpBackward};
+pub use kiln_core::{coverage, data, host_rng, nn, optim, shape};
+pub use kiln_core::{
+    AxisSet, BackwardOptions, BinaryOp, BufferId, CompareOp, DType, Device, Dims, Element, Error, ErrorKind, Graph,
+    HostData, IntoOperand, NoGradGuard, Op, OpInfo, Param, PoolStats, ReduceOp, Result, SliceSpec, Tensor, TensorId,
+    UnaryOp, Window2d,
+};
 
 // Lets `#[derive(Module)]`'s generated `::kiln::...` paths resolve inside
 // this crate too.
 extern crate self as kiln;
 
-pub mod bench;
 pub mod checkpoint;
 pub mod devices;
 pub mod distributed;
 pub mod gpt;
+
+// The `kiln` binary's own modules (`kiln train`, `kiln bench`): public only
+// because the binary and its end-to-end tests are separate crates; not API,
+// free to change with the command line. `evaluate` is the one piece
+// programs use, re-exported below.
+#[doc(hidden)]
+pub mod bench;
+#[doc(hidden)]
 pub mod models;
+#[doc(hidden)]
 pub mod snapshot;
+#[doc(hidden)]
 pub mod train;
 
 pub use devices::DeviceSelection;
 pub use kiln_wgsl::{WgpuBackend, WgpuOptions};
+/// Test-set accuracy of a classifier, in [0, 1] (no gradients recorded).
+pub use train::evaluate;
 
 /// Everything a training program usually needs.
 pub mod prelude {

@@ -10,11 +10,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::bench;
 use kiln::data::{self, DatasetSplit};
+use kiln::distributed::{Replicas, SingleProcess};
 use kiln::models;
 use kiln::nn::Module;
 use kiln::optim::Adam;
 use kiln::snapshot::{load_snapshot, save_snapshot, RunShape};
-use kiln::train::{run_classifier, Position, Replicas, SingleProcess, TrainConfig};
+use kiln::train::{run_classifier, Position, TrainConfig};
 use kiln::{Device, DeviceSelection, Error, Result};
 
 #[derive(Parser)]

@@ -7,6 +7,7 @@ use kiln_core::nn::{cross_entropy, Module};
 use kiln_core::optim::Optimizer;
 use kiln_core::{DType, Device, Error, Graph, Result, Tensor};
 
+pub use crate::distributed::{Replicas, SingleProcess};
 use crate::Blocking;
 
 #[derive(Clone, Debug)]
@@ -51,43 +52,6 @@ pub fn count_correct<'g>(logits: Tensor<'g>, labels: Tensor<'g>) -> Result<Tenso
 /// Test-set accuracy in [0, 1], evaluated in batches under no_grad.
 pub fn evaluate(device: &Device, model: &dyn Module, data: &Dataset, batch_size: usize) -> Result<f64> {
     evaluate_with(&mut SingleProcess, device, model, data, batch_size)
-}
-
-/// How a training step's gradients are combined: one process
-/// ([`SingleProcess`]) or many (`distributed::DataParallel`, feature `mpi`).
-/// The loop below is the same for both.
-pub trait Replicas {
-    /// This process's index, 0 for one process.
-    fn rank(&self) -> usize;
-    /// Number of processes training together.
-    fn size(&self) -> usize;
-    /// Differentiate this process's mean loss over its shard of the global
-    /// batch (`weight` = shard / global batch) and leave the gradient of the
-    /// global batch's mean loss in the parameters; returns that mean loss.
-    /// `None` when this process's shard is empty (it still takes part).
-    fn backward(&mut self, loss: Option<Tensor<'_>>, weight: f64) -> Result<f64>;
-    /// Element-wise sum over processes (evaluation counts).
-    fn sum(&mut self, values: &mut [f64]) -> Result<()>;
-}
-
-/// One process: plain `backward`.
-pub struct SingleProcess;
-
-impl Replicas for SingleProcess {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        1
-    }
-    fn backward(&mut self, loss: Option<Tensor<'_>>, _weight: f64) -> Result<f64> {
-        let loss = loss.ok_or_else(|| Error::invalid("train", "an empty batch"))?;
-        loss.backward()?;
-        loss.item_blocking()
-    }
-    fn sum(&mut self, _values: &mut [f64]) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// Where a training run stands: the next global step to take.

@@ -7,8 +7,8 @@
 mod common;
 
 use kiln::gradcheck::{gradcheck, gradcheck_on, gradgradcheck, gradgradcheck_on, CheckInput, GradcheckOptions};
+use kiln::host_rng::SplitMix64;
 use kiln::nn::{Module, TransformerBlock};
-use kiln::rng::SplitMix64;
 use kiln::{
     checkpoint, checkpoint_many, Blocking, BlockingParam, DType, Device, Element, ErrorKind, Graph, Result, Tensor,
 };

@@ -529,7 +529,7 @@ fn hessian_vector_product_agrees_with_finite_differences_of_the_gradient() {
     let mlp = SmallMlp::new(&device);
     let params = mlp.params();
     // A fixed direction v, one block per parameter.
-    let mut rng = kiln::rng::SplitMix64::new(99);
+    let mut rng = kiln::host_rng::SplitMix64::new(99);
     let v: Vec<Vec<f64>> = params.iter().map(|p| (0..p.numel()).map(|_| rng.uniform(-1.0, 1.0)).collect()).collect();
 
     // Analytic: Hv = d/dθ <∇L(θ), v>, by differentiating the gradient graph.

@@ -249,6 +249,90 @@ fn pytorchs_num_batches_tracked_is_accepted() {
     assert_eq!(values(&model), values(&fresh));
 }
 
+/// An embedding and an output layer sharing one `Param` ("0.weight" and
+/// "1.weight" in `named_parameters`).
+fn tied_pair(device: &Device, seed: u64) -> (Sequential, Param) {
+    let embedding = kiln::nn::Embedding::new(device, 6, 3, seed).unwrap();
+    let table = embedding.weight.clone();
+    let head = Linear::tied(table.clone(), None).unwrap();
+    (Sequential::new().add(embedding).add(head), table)
+}
+
+#[test]
+fn a_tied_parameter_is_saved_once_and_loads_back_tied() {
+    let device = Device::cpu();
+    let (model, _) = tied_pair(&device, 1);
+    assert_eq!(keys(&model.named_parameters()), ["0.weight", "1.weight"]);
+    let bytes = pollster::block_on(checkpoint::save_state(&model)).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(file.names(), ["0.weight"], "saved once, under the first key");
+    assert_eq!(keys(&checkpoint::named_state(&model)), ["0.weight"]);
+    let (fresh, table) = tied_pair(&device, 2);
+    checkpoint::load_state(&fresh, &bytes).unwrap();
+    assert_eq!(values(&model), values(&fresh));
+    // Still one Param in two places: a change through either is seen by both.
+    let named = fresh.named_parameters();
+    assert!(named[0].1.same(&named[1].1) && named[0].1.same(&table));
+    let ids = [0i32, 4, 5];
+    let logits = |m: &Sequential| {
+        let g = Graph::new(&device);
+        m.forward(g.tensor_from(&ids, &[3]).unwrap()).unwrap().to_vec_blocking::<f32>().unwrap()
+    };
+    assert_eq!(logits(&model), logits(&fresh));
+    table.set_value(&HostData::F32(vec![0.5; 18])).unwrap();
+    assert!(logits(&fresh).iter().all(|&v| (v - 0.75).abs() < 1e-6), "the head reads the embedding's new table");
+
+    // A PyTorch state_dict names the tied tensor under both keys: accepted
+    // when the copies agree, refused (nothing loaded) when they differ; the
+    // later key alone is enough.
+    let view = file.tensor("0.weight").unwrap();
+    let other: Vec<u8> = view.data().iter().map(|b| b ^ 1).collect();
+    let with = |entries: Vec<(&str, &[u8])>| {
+        let tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = entries
+            .into_iter()
+            .map(|(k, data)| {
+                (
+                    k.to_string(),
+                    safetensors::tensor::TensorView::new(view.dtype(), view.shape().to_vec(), data).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize(tensors, None).unwrap()
+    };
+    let (fresh, _) = tied_pair(&device, 3);
+    checkpoint::load_state(&fresh, &with(vec![("0.weight", view.data()), ("1.weight", view.data())])).unwrap();
+    assert_eq!(values(&model), values(&fresh));
+    let (fresh, _) = tied_pair(&device, 4);
+    checkpoint::load_state(&fresh, &with(vec![("1.weight", view.data())])).unwrap();
+    assert_eq!(values(&model), values(&fresh));
+    let (fresh, _) = tied_pair(&device, 5);
+    let before = values(&fresh);
+    let e = checkpoint::load_state(&fresh, &with(vec![("0.weight", view.data()), ("1.weight", &other)])).unwrap_err();
+    assert!(e.to_string().contains("'0.weight' and '1.weight' name one tied parameter"), "{e}");
+    assert_eq!(values(&fresh), before);
+}
+
+/// The GPT's output layer is its token embedding: one tensor in the file,
+/// and a model loaded from it computes the same logits.
+#[test]
+fn the_gpts_tied_head_round_trips() {
+    use kiln::gpt::{Gpt, GptConfig};
+    let device = Device::cpu();
+    let config = GptConfig { vocab: 7, context: 4, layers: 1, heads: 1, width: 4, dropout: 0.0 };
+    let model = Gpt::new(&device, config, 1).unwrap();
+    let bytes = pollster::block_on(checkpoint::save_state(&model)).unwrap();
+    let names = safetensors::SafeTensors::deserialize(&bytes).unwrap().names().len();
+    assert_eq!(names, model.named_parameters().len());
+    assert!(model.named_parameters().iter().all(|(k, _)| !k.starts_with("head.")));
+    let fresh = Gpt::new(&device, config, 2).unwrap();
+    checkpoint::load_state(&fresh, &bytes).unwrap();
+    let logits = |m: &Gpt| {
+        let g = Graph::new(&device);
+        m.forward(g.tensor_from(&[1i32, 6, 0], &[1, 3]).unwrap()).unwrap().to_vec_blocking::<f32>().unwrap()
+    };
+    assert_eq!(logits(&model), logits(&fresh));
+}
+
 #[test]
 fn a_module_without_distinct_keys_cannot_be_saved() {
     // Two linears under one module that does not prefix their keys.

@@ -262,7 +262,7 @@ fn a_value_read_before_backward_stays_readable_after_the_optimizer_step() {
 fn mlp_run(device: &Device) -> (u32, Vec<Vec<u32>>) {
     let model = Sequential::mlp(device, &[16, 64, 64, 4], Activation::Gelu, 3).unwrap();
     let graph = Graph::new(device);
-    let mut rng = kiln::rng::SplitMix64::new(5);
+    let mut rng = kiln::host_rng::SplitMix64::new(5);
     let xs: Vec<f32> = (0..32 * 16).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
     let labels: Vec<i32> = (0..32).map(|i| i % 4).collect();
     let x = graph.tensor_from(&xs, &[32, 16]).unwrap();

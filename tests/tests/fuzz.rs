@@ -408,15 +408,19 @@ fn random_graphs_agree_between_the_cpu_and_wgpu() {
     let Some(gpu) = common::vulkan_device("fuzz") else { return };
     let cpu = Device::cpu();
     let compared = std::cell::Cell::new(0usize);
+    let (programs, comparable, gradients) =
+        (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
     runner(cases(600), 2)
         .run(&program(), |bytes| {
             let on_cpu = no_panic("a CPU graph", || run_program(&cpu, &bytes, Mode::Paired))?;
             let on_gpu = no_panic("a wgpu graph", || run_program(&gpu, &bytes, Mode::Paired))?;
+            programs.set(programs.get() + 1);
             if on_cpu.trace != on_gpu.trace {
                 // Legitimate: the wgpu backend refuses some things the CPU
                 // takes (limits); the rest of the programs then differ.
                 return Ok(());
             }
+            comparable.set(comparable.get() + 1);
             for (i, (c, g)) in on_cpu.values.iter().zip(&on_gpu.values).enumerate() {
                 if let (Some(c), Some(g)) = (c, g) {
                     agree(&format!("tensor {i}"), c, g, 1e-3)?;
@@ -426,11 +430,19 @@ fn random_graphs_agree_between_the_cpu_and_wgpu() {
             for (i, (c, g)) in on_cpu.grads.iter().zip(&on_gpu.grads).enumerate() {
                 if let (Some(c), Some(g)) = (c, g) {
                     agree(&format!("gradient {i}"), c, g, 1e-3)?;
+                    gradients.set(gradients.get() + 1);
                 }
             }
             Ok(())
         })
         .unwrap();
+    eprintln!(
+        "{} programs, {} with the same build trace on both devices: {} tensors and {} gradients compared",
+        programs.get(),
+        comparable.get(),
+        compared.get(),
+        gradients.get()
+    );
     assert!(compared.get() > 0, "no tensor was compared: the generator is broken");
 }
 

@@ -5,8 +5,8 @@
 mod common;
 
 use kiln::gpt::{self, CharVocab, Gpt, GptConfig, GptTrainConfig, TextData};
+use kiln::host_rng::SplitMix64;
 use kiln::prelude::*;
-use kiln::rng::SplitMix64;
 
 /// A small text generated here (no data files): a few repeated verses.
 fn text() -> String {

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{assert_close, param_value, values};
+use kiln::host_rng::SplitMix64;
 use kiln::nn::{BatchNorm2d, Conv2d, ConvOptions, ConvTranspose2d, Dropout, Embedding, MaxPool2d, Module};
-use kiln::rng::SplitMix64;
 use kiln::{Blocking, DType, Device, Error, ErrorKind, Graph, HostData, Tensor, Window2d};
 
 fn random_f32(n: usize, seed: u64) -> Vec<f32> {

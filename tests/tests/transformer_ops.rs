@@ -38,6 +38,13 @@ fn composed_ops_pass_first_and_second_order_checks() {
                 x[0].masked_softmax(Some(keep), -1)
             }),
             case("softmax (no mask)", vec![rand(&[2, 3], -2.0, 2.0, 6)], |_, x| x[0].masked_softmax(None, -1)),
+            case("causal_softmax", vec![rand(&[2, 3, 4], -2.0, 2.0, 12)], |_, x| x[0].causal_softmax(0)),
+            case("causal_softmax diagonal -2 (empty rows), squared", vec![rand(&[4, 3], -2.0, 2.0, 13)], |_, x| {
+                x[0].causal_softmax(-2)?.square()
+            }),
+            case("causal_softmax diagonal 1, times x", vec![rand(&[3, 4], -2.0, 2.0, 14)], |_, x| {
+                x[0].causal_softmax(1)?.mul(x[0])
+            }),
             case("split/chunk", vec![rand(&[2, 5], -1.0, 1.0, 7)], |_, x| {
                 let parts = x[0].split(&[2, 3], 1)?;
                 let chunks = x[0].chunk(2, 1)?;
@@ -74,6 +81,11 @@ fn attention_passes_first_and_second_order_checks() {
             case("sdpa float mask + causal", qkv(), |g, x| {
                 let add: Vec<f64> = vec![0.0, -1.0, 0.5, f64::NEG_INFINITY, 0.0, 0.0, 0.2, 0.0, 1.0, 0.0, 0.0, 0.0];
                 let mask = g.tensor_from(&add, &[3, 4])?;
+                scaled_dot_product_attention(x[0], x[1], x[2], Some(mask), true, None, None)
+            }),
+            case("sdpa bool mask + causal", qkv(), |g, x| {
+                let keep: Vec<bool> = vec![true, false, true, true, false, false, true, true, true, true, false, true];
+                let mask = g.tensor_from(&keep, &[3, 4])?;
                 scaled_dot_product_attention(x[0], x[1], x[2], Some(mask), true, None, None)
             }),
             case("sdpa dropout (fixed seed)", qkv(), |_, x| {
@@ -143,6 +155,63 @@ fn attention_matches_a_host_reference_and_masked_rows_are_zero_not_nan() {
     assert_eq!(&out[2..4], &[0.0, 0.0]);
     masked.sum_all().unwrap().backward().unwrap();
     assert!(common::grad_of(&qt).iter().chain(common::grad_of(&kt).iter()).all(|g| g.is_finite()));
+}
+
+/// The fused CausalSoftmax primitive against its composed reference
+/// (`masked_softmax` with a `tril_mask`), f32 and f64, for diagonals that
+/// keep nothing, part and everything, with -inf scores; fully masked rows
+/// are zeros with a zero (not NaN) gradient; the causal attention records
+/// the primitive and no mask tensor.
+#[test]
+fn causal_softmax_matches_the_composed_reference() {
+    let device = Device::cpu();
+    for dtype in [DType::F32, DType::F64] {
+        for (dims, diagonal) in
+            [([2usize, 3, 4], 0i64), ([1, 5, 3], -2), ([2, 2, 6], 3), ([1, 3, 3], 7), ([1, 2, 3], -9)]
+        {
+            let graph = Graph::new(&device);
+            let n: usize = dims.iter().product();
+            let mut x = rand(&dims, -4.0, 4.0, 30 + n as u64).values;
+            x[1] = f64::NEG_INFINITY;
+            let xv = graph.variable(&x, &dims).unwrap().cast(dtype).unwrap();
+            let fused = xv.causal_softmax(diagonal).unwrap();
+            let keep = graph.tril_mask(dims[1], dims[2], diagonal).unwrap();
+            let composed = xv.masked_softmax(Some(keep), -1).unwrap();
+            let (a, b) = (values(&fused), values(&composed));
+            let tol = if dtype == DType::F32 { 1e-6 } else { 1e-14 };
+            assert_close(&a, &b, tol);
+            assert!(a.iter().all(|v| v.is_finite()), "{dims:?} {diagonal}: {a:?}");
+            // Rows that keep nothing are exactly zero.
+            for (r, row) in a.chunks(dims[2]).enumerate() {
+                let kept = (r % dims[1]) as i64 + diagonal + 1;
+                if kept <= 0 {
+                    assert!(row.iter().all(|&v| v == 0.0), "row {r}: {row:?}");
+                }
+            }
+            let w = graph.tensor_from(&rand(&dims, -1.0, 1.0, 99).values, &dims).unwrap().cast(dtype).unwrap();
+            let grads = graph.grad(fused.mul(w).unwrap().sum_all().unwrap(), &[xv], None).unwrap();
+            let reference = graph.grad(composed.mul(w).unwrap().sum_all().unwrap(), &[xv], None).unwrap();
+            let (ga, gb) = (values(&grads[0]), values(&reference[0]));
+            assert!(ga.iter().all(|v| v.is_finite()), "{ga:?}");
+            assert_close(&ga, &gb, tol * 10.0);
+        }
+    }
+    // A row whose kept scores are all -inf is zeros, not NaN.
+    let graph = Graph::new(&device);
+    let inf = f64::NEG_INFINITY;
+    let x = graph.variable(&[inf, inf, 1.0, 0.5, inf, 2.0], &[2, 3]).unwrap();
+    assert_eq!(values(&x.causal_softmax(1).unwrap())[..3], [0.0, 0.0, 0.0]);
+    // The causal attention path is the fused primitive: no mask tensor.
+    let graph = Graph::new(&device);
+    let q = graph.variable(&rand(&[1, 3, 2], -1.0, 1.0, 5).values, &[1, 3, 2]).unwrap();
+    scaled_dot_product_attention(q, q, q, None, true, None, None).unwrap();
+    assert_eq!(graph.count_ops("CausalSoftmax"), 1);
+    for mask_op in ["Arange", "LessEqual", "Where"] {
+        assert_eq!(graph.count_ops(mask_op), 0, "the causal path built a mask ({mask_op})");
+    }
+    // Bad input: a clear error.
+    let e = graph.variable(&[1.0, 2.0], &[2]).unwrap().causal_softmax(0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Shape, "{e}");
 }
 
 #[test]

@@ -28,8 +28,8 @@
 
 mod common;
 
+use kiln::host_rng::SplitMix64;
 use kiln::prelude::*;
-use kiln::rng::SplitMix64;
 use kiln::{BinaryOp, CompareOp, ErrorKind, Op, ReduceOp, UnaryOp, Window2d};
 use kiln_wgsl::WgpuOptions;
 
@@ -486,6 +486,42 @@ fn composed_ops_backward() {
         let mean = h.mean(&[1], true)?;
         let centred = h.sub(mean)?;
         Ok((vec![h.softmax(1)?, h.log_softmax(0)?, centred.square()?.mean_all()?, h.gelu()?, h.silu()?], vec![xv, wv]))
+    });
+}
+
+/// The fused CausalSoftmax kernel (both entry points: one thread per row
+/// below 128 keys, a workgroup per row from 128) forward and through its
+/// gradient, with fully masked rows (negative diagonals) and -inf scores;
+/// then the causal attention that uses it.
+#[test]
+fn causal_softmax_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    for (dims, diagonal) in
+        [([2usize, 3, 5], 0i64), ([1, 4, 3], -1), ([2, 3, 4], 2), ([1, 3, 130], 64), ([1, 2, 200], -5)]
+    {
+        let n: usize = dims.iter().product();
+        let mut x = rand(n, 40 + n as u64, -3.0, 3.0);
+        // Some -inf scores: a row of them (row 1 of the first matrix, its
+        // kept part) gives zeros; scattered ones are simply masked.
+        for v in x.iter_mut().skip(dims[2]).take(dims[2]) {
+            *v = f32::NEG_INFINITY;
+        }
+        x[n - 1] = f32::NEG_INFINITY;
+        let what = format!("causal_softmax {dims:?} diagonal {diagonal}");
+        forward(&wg, &what, TRANSCENDENTAL, |g| Ok(vec![g.tensor_from(&x, &dims)?.causal_softmax(diagonal)?]));
+        let finite: Vec<f32> = x.iter().map(|v| if v.is_finite() { *v } else { -1.5 }).collect();
+        backward(&wg, &what, TRANSCENDENTAL, |g| {
+            let xv = g.variable(&finite, &dims)?;
+            Ok((vec![xv.causal_softmax(diagonal)?], vec![xv]))
+        });
+    }
+    let q = rand(24, 60, -1.0, 1.0);
+    let k = rand(24, 61, -1.0, 1.0);
+    let v = rand(24, 62, -1.0, 1.0);
+    backward(&wg, "causal attention", TRANSCENDENTAL, |g| {
+        let (qv, kv, vv) = (g.variable(&q, &[2, 4, 3])?, g.variable(&k, &[2, 4, 3])?, g.variable(&v, &[2, 4, 3])?);
+        let y = kiln::nn::scaled_dot_product_attention(qv, kv, vv, None, true, None, None)?;
+        Ok((vec![y], vec![qv, kv, vv]))
     });
 }
 

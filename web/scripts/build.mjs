@@ -48,12 +48,79 @@ for (const [target, dir] of [['web', 'web'], ['nodejs', 'node']]) {
 // CommonJS marker for the Node build (the package itself is "type": "module").
 fs.writeFileSync(path.join(pkg, 'node', 'package.json'), '{ "type": "commonjs" }\n');
 
-// Entry points.
+// The generated typings: without the internal start function, and without
+// [Symbol.dispose] members, which need TypeScript's esnext lib (the
+// methods exist at run time; free() is the portable spelling).
+for (const dir of ['web', 'node']) {
+  const dts = path.join(pkg, dir, 'kiln_web.d.ts');
+  const text = fs.readFileSync(dts, 'utf8')
+    .replace(/(\/\*\*(?:(?!\*\/)[\s\S])*\*\/\s*)?export function start\(\): void;\n?/, '')
+    .split('\n')
+    .filter((line) => !/^\s*\[Symbol\.dispose\]\(\): void;\s*$/.test(line))
+    .join('\n');
+  fs.writeFileSync(dts, text);
+}
+
+// Entry points. Only the public API is exported: not wasm-bindgen's
+// internals (__wbg_*, initSync) nor the module's start function.
 const require = createRequire(import.meta.url);
-const names = Object.keys(require(path.join(pkg, 'node', 'kiln_web.js'))).filter((n) => !n.startsWith('__') && n !== 'initSync');
+const internal = (n) => n.startsWith('__') || n === 'initSync' || n === 'start' || n === 'default';
+const names = Object.keys(require(path.join(pkg, 'node', 'kiln_web.js'))).filter((n) => !internal(n));
+// KilnError: the errors kiln throws are Errors named 'KilnError' with kind
+// and op (made in Rust, src/error.rs); instanceof KilnError recognises
+// them, and users can make their own.
+const kilnError = `/** What kiln throws: an Error with the broad kind of mistake and the refusing op. */
+class KilnError extends Error {
+  constructor(kind, op, message) { super(message); this.name = 'KilnError'; this.kind = kind; this.op = op; }
+  static [Symbol.hasInstance](value) {
+    return value instanceof Error && value.name === 'KilnError' && typeof value.kind === 'string' && typeof value.op === 'string';
+  }
+}`;
+// Checkpoint helpers: in a page, save = download and load = fetch a URL or
+// read an uploaded File/Blob; in Node, files. Both also accept bytes.
+const checkpointsWeb = `/** Download from.stateDict() as a file called name; resolves to the bytes. */
+export async function saveCheckpoint(name, from) {
+  const bytes = await from.stateDict();
+  const url = URL.createObjectURL(new Blob([bytes], { type: 'application/octet-stream' }));
+  const a = document.createElement('a');
+  a.href = url; a.download = name; a.style.display = 'none';
+  document.body.appendChild(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
+  return bytes;
+}
+/** Load a checkpoint into \`into\` from a URL (fetched), an uploaded File/Blob, or bytes; resolves to the bytes. */
+export async function loadCheckpoint(source, into) {
+  let bytes;
+  if (source instanceof Uint8Array) bytes = source;
+  else if (typeof source === 'string' || source instanceof URL) {
+    const response = await fetch(source);
+    if (!response.ok) throw new KilnError('Io', 'loadCheckpoint', 'loadCheckpoint: fetching ' + source + ' gave HTTP ' + response.status);
+    bytes = new Uint8Array(await response.arrayBuffer());
+  } else bytes = new Uint8Array(await source.arrayBuffer());
+  into.loadStateDict(bytes);
+  return bytes;
+}`;
+const checkpointsNode = `/** Write from.stateDict() to the file at path; resolves to the bytes. */
+async function saveCheckpoint(path, from) {
+  const bytes = await from.stateDict();
+  nodeFs.writeFileSync(path, bytes);
+  return bytes;
+}
+/** Load a checkpoint into \`into\` from a file path, a Blob, or bytes; resolves to the bytes. */
+async function loadCheckpoint(source, into) {
+  let bytes;
+  if (source instanceof Uint8Array) bytes = source;
+  else if (typeof source === 'string' || source instanceof URL) bytes = new Uint8Array(nodeFs.readFileSync(source));
+  else bytes = new Uint8Array(await source.arrayBuffer());
+  into.loadStateDict(bytes);
+  return bytes;
+}`;
 fs.writeFileSync(path.join(pkg, 'index.js'), `// kiln-web for browsers and bundlers. Call \`await init()\` once before anything else.
 import wasmInit from './web/kiln_web.js';
-export * from './web/kiln_web.js';
+export { ${names.join(', ')} } from './web/kiln_web.js';
+${kilnError}
+export { KilnError };
+${checkpointsWeb}
 
 let ready = null;
 /** Load the WebAssembly module (idempotent). \`input\`: optional URL, Response or bytes of kiln_web_bg.wasm. */
@@ -64,16 +131,47 @@ export function init(input) {
 `);
 fs.writeFileSync(path.join(pkg, 'node.cjs'), `// kiln-web for Node.js (CPU backend). The module loads synchronously; init() exists for symmetry.
 const kiln = require('./node/kiln_web.js');
-module.exports = { ...kiln, init: () => Promise.resolve() };
+const nodeFs = require('node:fs');
+${kilnError}
+${checkpointsNode}
+module.exports = { ${names.map((n) => `${n}: kiln.${n}`).join(', ')}, KilnError, saveCheckpoint, loadCheckpoint, init: () => Promise.resolve() };
 `);
 fs.writeFileSync(path.join(pkg, 'node.mjs'), `// kiln-web for Node.js as an ES module.
 import { createRequire } from 'node:module';
 const kiln = createRequire(import.meta.url)('./node/kiln_web.js');
 ${names.map((n) => `export const ${n} = kiln.${n};`).join('\n')}
+${kilnError}
+export { KilnError };
+const nodeFs = createRequire(import.meta.url)('node:fs');
+${checkpointsNode}
+export { saveCheckpoint, loadCheckpoint };
 /** Nothing to load in Node.js: the module is ready when imported. */
 export function init() { return Promise.resolve(); }
 `);
-fs.writeFileSync(path.join(pkg, 'index.d.ts'), `export * from './web/kiln_web.js';
+fs.writeFileSync(path.join(pkg, 'index.d.ts'), `export { ${names.join(', ')} } from './web/kiln_web.js';
+/** The broad kinds of mistake kiln reports. */
+export type KilnErrorKind = 'Shape' | 'DType' | 'OutOfRange' | 'InvalidArgument' | 'Autograd' | 'Backend' | 'Unsupported' | 'Io' | 'StaleTensor';
+/** What kiln throws (and Promises reject with): kind says what sort of mistake, op which operation refused. */
+export class KilnError extends Error {
+  constructor(kind: KilnErrorKind, op: string, message: string);
+  readonly kind: KilnErrorKind;
+  readonly op: string;
+}
+/** Anything with a checkpoint: models, layers, optimizers. */
+export interface Checkpointable {
+  stateDict(): Promise<Uint8Array>;
+  loadStateDict(bytes: Uint8Array): void;
+}
+/**
+ * Save from.stateDict() (safetensors, native kiln's format and keys). In a
+ * page: a download named target; in Node.js: the file at path target.
+ */
+export function saveCheckpoint(target: string, from: Pick<Checkpointable, 'stateDict'>): Promise<Uint8Array>;
+/**
+ * Load a checkpoint into \`into\`. source: bytes, a Blob/File (an upload), or a
+ * string/URL (in a page: fetched; in Node.js: a file path).
+ */
+export function loadCheckpoint(source: string | URL | Blob | Uint8Array, into: Pick<Checkpointable, 'loadStateDict'>): Promise<Uint8Array>;
 /**
  * Load the WebAssembly module; call once (it is idempotent) before using
  * the API. In Node.js it resolves at once. \`input\`: optional URL, Response

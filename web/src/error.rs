@@ -1,9 +1,13 @@
 //! Errors as JavaScript sees them.
 //!
-//! Every failure reaches JS as a thrown `Error` (name `"KilnError"`) whose
-//! `message` is exactly `kiln_core::Error`'s `Display` (op, what was wrong,
-//! source location), with the broad `kind` ("Shape", "DType", ...,
-//! "StaleTensor") and the refusing `op` as extra properties.
+//! Every failure reaches JS as a thrown `Error` (name `"KilnError"`,
+//! `instanceof KilnError` in the package's entry points) whose `message` is
+//! kiln_core::Error's "op: what was wrong", with the broad `kind` ("Shape",
+//! "DType", ..., "StaleTensor") and the refusing `op` as extra properties.
+//! The Rust source location that kiln-core's `Display` appends is left out:
+//! for a JS caller it names kiln's own code (or Rust's standard library,
+//! when the call went through a closure), never the user's line; the JS
+//! stack trace (`error.stack`) points at the user's call.
 
 use wasm_bindgen::JsValue;
 
@@ -37,7 +41,7 @@ impl std::fmt::Display for KilnError {
 
 impl From<kiln_core::Error> for KilnError {
     fn from(e: kiln_core::Error) -> KilnError {
-        KilnError { message: e.to_string(), kind: kind_name(e.kind()), op: e.op() }
+        KilnError { message: format!("{}: {}", e.op(), e.message()), kind: kind_name(e.kind()), op: e.op() }
     }
 }
 

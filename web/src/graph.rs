@@ -2,18 +2,18 @@
 //!
 //! In Rust a `Tensor<'g>` borrows its `Graph`, so a reset cannot happen
 //! while a handle is alive. JavaScript has no lifetimes, so here a handle is
-//! plain data: (graph, generation, index). The graph's generation counter
-//! moves on every `reset()`, and a handle from an older generation is refused
-//! with a clear error instead of reading whatever node now has its id.
+//! plain data: the graph, the step (generation) and kiln-core's `TensorId`.
+//! The graph's generation counter moves on every `reset()`, and a handle
+//! from an older generation is refused with a clear error instead of
+//! reading whatever node now has its id.
 //!
-//! How the borrow is kept sound: one step's `kiln_core::Graph` lives in a
-//! reference-counted [`Slot`] at a fixed heap address, next to the registry of
-//! the `Tensor<'static>` handles given out for it. Those handles are only
-//! used while an `Rc<Slot>` is held (inside one call, or by a pending read),
-//! so the graph they point to is alive. `reset()` clears the registry and
-//! resets the graph in place when nothing else holds the slot; when a read is
-//! still pending it starts a fresh slot instead and the old one is dropped
-//! when the read completes.
+//! One step's `kiln_core::Graph` lives in a reference-counted [`Slot`].
+//! Every call borrows the slot's graph for its own duration and turns ids
+//! back into `Tensor<'_>` with the checked `Graph::tensor_by_id`, so no
+//! borrow outlives the call (no `unsafe`). A pending read owns an
+//! `Rc<Slot>` inside its future; `reset()` resets the graph in place when
+//! nothing else holds the slot, and starts a fresh slot when a read still
+//! holds the old one (dropped when the read completes).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use kiln_core::{DType, Device, Graph as CoreGraph, HostData, Tensor as CoreTensor};
+use kiln_core::{DType, Device, Graph as CoreGraph, HostData, Tensor as CoreTensor, TensorId};
 
 use crate::error::{KilnError, Res};
 
@@ -29,31 +29,20 @@ thread_local! {
     static NEXT_GRAPH_ID: Cell<u32> = const { Cell::new(1) };
 }
 
-/// One step's graph plus the handles JavaScript holds into it.
+/// One step's graph.
 pub(crate) struct Slot {
-    /// Declared first so it is dropped before the graph it points into.
-    tensors: RefCell<Vec<CoreTensor<'static>>>,
-    graph: CoreGraph,
+    pub(crate) graph: CoreGraph,
     generation: u64,
 }
 
 impl Slot {
     fn new(device: &Device, generation: u64) -> Rc<Slot> {
-        Rc::new(Slot { tensors: RefCell::new(Vec::new()), graph: CoreGraph::new(device), generation })
+        Rc::new(Slot { graph: CoreGraph::new(device), generation })
     }
 
-    /// The graph with a lifetime that lasts as long as the caller keeps this
-    /// slot alive (see the module docs).
-    pub(crate) fn graph(&self) -> &'static CoreGraph {
-        // SAFETY: the graph sits inside an `Rc` allocation that never moves;
-        // every `'static` borrow made here is used only while an `Rc<Slot>`
-        // is held, and the registry of such borrows is cleared before the
-        // graph is reset or dropped.
-        unsafe { &*(&self.graph as *const CoreGraph) }
-    }
-
-    fn get(&self, index: u32) -> CoreTensor<'static> {
-        self.tensors.borrow()[index as usize]
+    /// The core tensor a handle names (checked by kiln-core).
+    pub(crate) fn get(&self, id: TensorId) -> Res<CoreTensor<'_>> {
+        Ok(self.graph.tensor_by_id(id)?)
     }
 }
 
@@ -92,11 +81,9 @@ impl GraphShared {
         Ok(slot)
     }
 
-    pub(crate) fn register(self: &Rc<Self>, slot: &Slot, tensor: CoreTensor<'static>) -> Tensor {
-        let mut tensors = slot.tensors.borrow_mut();
-        let index = tensors.len() as u32;
-        tensors.push(tensor);
-        Tensor { graph: self.clone(), generation: slot.generation, index }
+    /// The JS handle of a tensor just made in `slot`.
+    pub(crate) fn register(self: &Rc<Self>, slot: &Slot, tensor: CoreTensor<'_>) -> Tensor {
+        Tensor { graph: self.clone(), generation: slot.generation, id: tensor.tensor_id() }
     }
 }
 
@@ -119,7 +106,7 @@ pub struct Graph {
 pub struct Tensor {
     pub(crate) graph: Rc<GraphShared>,
     pub(crate) generation: u64,
-    pub(crate) index: u32,
+    pub(crate) id: TensorId,
 }
 
 impl Graph {
@@ -142,10 +129,10 @@ impl Graph {
     /// Run `f` on the live graph and register the tensor it returns.
     pub(crate) fn make(
         &self,
-        f: impl FnOnce(&'static CoreGraph) -> kiln_core::Result<CoreTensor<'static>>,
+        f: impl for<'g> FnOnce(&'g CoreGraph) -> kiln_core::Result<CoreTensor<'g>>,
     ) -> Res<Tensor> {
         let slot = self.shared.current()?;
-        let tensor = f(slot.graph())?;
+        let tensor = f(&slot.graph)?;
         Ok(self.shared.register(&slot, tensor))
     }
 
@@ -159,7 +146,6 @@ impl Graph {
         self.shared.generation.set(generation);
         let mut cell = self.shared.slot.borrow_mut();
         let Some(slot) = cell.as_mut() else { return };
-        slot.tensors.borrow_mut().clear();
         match Rc::get_mut(slot) {
             // Nothing else holds the step: reset in place, keeping the
             // arenas' capacity (O(1) in the node count).
@@ -177,9 +163,6 @@ impl Graph {
     /// stale). Pending reads keep what they need until they complete.
     pub(crate) fn close(&self) {
         let old = self.shared.slot.borrow_mut().take();
-        if let Some(slot) = &old {
-            slot.tensors.borrow_mut().clear();
-        }
         drop(old);
     }
 
@@ -200,35 +183,25 @@ impl Drop for Graph {
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor(graph #{}, step {}, #{})", self.graph.id, self.generation, self.index)
+        write!(f, "Tensor(graph #{}, step {}, #{})", self.graph.id, self.generation, self.id.node())
     }
 }
 
 impl Tensor {
-    /// The live slot and this tensor's core handle, or the stale error.
-    pub(crate) fn resolve(&self) -> Res<(Rc<Slot>, CoreTensor<'static>)> {
-        let slot = self.graph.slot_at(self.generation, "this tensor")?;
-        let tensor = slot.get(self.index);
-        Ok((slot, tensor))
+    /// The live slot of this tensor's step, or the stale error.
+    pub(crate) fn slot(&self) -> Res<Rc<Slot>> {
+        self.graph.slot_at(self.generation, "this tensor")
     }
 
-    /// Apply a core op to this tensor and register the result.
-    pub(crate) fn map(
-        &self,
-        f: impl FnOnce(CoreTensor<'static>) -> kiln_core::Result<CoreTensor<'static>>,
-    ) -> Res<Tensor> {
-        let (slot, t) = self.resolve()?;
-        let out = f(t)?;
-        Ok(self.graph.register(&slot, out))
+    /// Run `f` on this tensor's core handle.
+    pub(crate) fn with<R>(&self, f: impl for<'g> FnOnce(CoreTensor<'g>) -> Res<R>) -> Res<R> {
+        let slot = self.slot()?;
+        let t = slot.get(self.id)?;
+        f(t)
     }
 
-    /// Apply a core op to two tensors of the same step.
-    pub(crate) fn map2(
-        &self,
-        other: &Tensor,
-        op: &'static str,
-        f: impl FnOnce(CoreTensor<'static>, CoreTensor<'static>) -> kiln_core::Result<CoreTensor<'static>>,
-    ) -> Res<Tensor> {
+    /// Another tensor of the same graph, in `slot` (its step must be live).
+    pub(crate) fn same<'s>(&self, op: &'static str, slot: &'s Slot, other: &Tensor) -> Res<CoreTensor<'s>> {
         if !Rc::ptr_eq(&self.graph, &other.graph) {
             return Err(KilnError::new(
                 "InvalidArgument",
@@ -239,9 +212,57 @@ impl Tensor {
                 ),
             ));
         }
-        let (slot, a) = self.resolve()?;
-        let b = other.graph.slot_at(other.generation, "the other operand")?.get(other.index);
+        other.graph.slot_at(other.generation, "the other operand")?;
+        slot.get(other.id)
+    }
+
+    /// Apply a core op to this tensor and register the result.
+    pub(crate) fn map(
+        &self,
+        f: impl for<'g> FnOnce(CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
+    ) -> Res<Tensor> {
+        let slot = self.slot()?;
+        let out = f(slot.get(self.id)?)?;
+        Ok(self.graph.register(&slot, out))
+    }
+
+    /// Apply a core op that gives several tensors (split, chunk).
+    pub(crate) fn map_to_many(
+        &self,
+        f: impl for<'g> FnOnce(CoreTensor<'g>) -> kiln_core::Result<Vec<CoreTensor<'g>>>,
+    ) -> Res<Vec<Tensor>> {
+        let slot = self.slot()?;
+        let out = f(slot.get(self.id)?)?;
+        Ok(out.into_iter().map(|t| self.graph.register(&slot, t)).collect())
+    }
+
+    /// Apply a core op to two tensors of the same step.
+    pub(crate) fn map2(
+        &self,
+        other: &Tensor,
+        op: &'static str,
+        f: impl for<'g> FnOnce(CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
+    ) -> Res<Tensor> {
+        let slot = self.slot()?;
+        let a = slot.get(self.id)?;
+        let b = self.same(op, &slot, other)?;
         let out = f(a, b)?;
+        Ok(self.graph.register(&slot, out))
+    }
+
+    /// Apply a core op to three tensors of the same step.
+    pub(crate) fn map3(
+        &self,
+        b: &Tensor,
+        c: &Tensor,
+        op: &'static str,
+        f: impl for<'g> FnOnce(CoreTensor<'g>, CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
+    ) -> Res<Tensor> {
+        let slot = self.slot()?;
+        let ta = slot.get(self.id)?;
+        let tb = self.same(op, &slot, b)?;
+        let tc = self.same(op, &slot, c)?;
+        let out = f(ta, tb, tc)?;
         Ok(self.graph.register(&slot, out))
     }
 
@@ -249,19 +270,13 @@ impl Tensor {
     pub(crate) fn map_many(
         tensors: &[Tensor],
         op: &'static str,
-        f: impl FnOnce(&[CoreTensor<'static>]) -> kiln_core::Result<CoreTensor<'static>>,
+        f: impl for<'g> FnOnce(&[CoreTensor<'g>]) -> kiln_core::Result<CoreTensor<'g>>,
     ) -> Res<Tensor> {
         let Some(first) = tensors.first() else {
             return Err(KilnError::argument(op, "needs at least one tensor"));
         };
-        let (slot, _) = first.resolve()?;
-        let mut core = Vec::with_capacity(tensors.len());
-        for t in tensors {
-            if !Rc::ptr_eq(&first.graph, &t.graph) {
-                return Err(KilnError::argument(op, "tensors belong to different graphs"));
-            }
-            core.push(t.resolve()?.1);
-        }
+        let slot = first.slot()?;
+        let core = tensors.iter().map(|t| first.same(op, &slot, t)).collect::<Res<Vec<_>>>()?;
         let out = f(&core)?;
         Ok(first.graph.register(&slot, out))
     }
@@ -270,18 +285,19 @@ impl Tensor {
     /// those of this moment, whatever happens to parameters afterwards) and
     /// the returned future completes when the device has copied them out.
     pub(crate) fn read(&self) -> Res<ReadFuture> {
-        let (slot, tensor) = self.resolve()?;
-        // The future keeps the slot (and so the graph) alive until it is done.
+        let slot = self.slot()?;
+        let id = self.id;
+        // The future owns the slot (so the graph lives until the read is
+        // done) and borrows the graph from it inside itself.
         let future: Pin<Box<dyn Future<Output = kiln_core::Result<HostData>>>> = Box::pin(async move {
-            let result = tensor.to_host().await;
-            drop(slot);
-            result
+            let tensor = slot.graph.tensor_by_id(id)?;
+            tensor.to_host().await
         });
         Ok(ReadFuture::start(future))
     }
 
     pub(crate) fn core_dtype(&self) -> Res<DType> {
-        Ok(self.resolve()?.1.dtype())
+        self.with(|t| Ok(t.dtype()))
     }
 }
 

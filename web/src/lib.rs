@@ -18,13 +18,16 @@
 //! (parameters, modules, losses, optimizers), `data` (embedded digits),
 //! `promise` (reads as Promises), `error` (errors as JS exceptions).
 
+pub mod checkpoint;
 pub mod data;
 pub mod error;
 pub mod graph;
+pub mod layers;
 pub mod nn;
 pub mod promise;
 pub mod session;
 pub mod tensor_api;
+pub mod tensor_nn;
 
 pub use data::Dataset;
 pub use error::{KilnError, Res};
@@ -38,6 +41,13 @@ use wasm_bindgen::prelude::*;
 #[wasm_bindgen]
 pub fn version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
+}
+
+/// The names of kiln's primitive ops (kiln-core's op table, `Op::kinds()`),
+/// as `Tensor.op`, `Graph.countOps` and error messages spell them.
+#[wasm_bindgen(js_name = opKinds)]
+pub fn op_kinds() -> Vec<String> {
+    kiln_core::Op::kind_names().into_iter().map(String::from).collect()
 }
 
 /// Runs when the module loads: a Rust panic (a kiln bug, never bad input)

@@ -10,6 +10,7 @@ use kiln_core::Tensor as CoreTensor;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
+use crate::checkpoint::BytesPromise;
 use crate::error::{KilnError, Res};
 use crate::graph::{dtype_name, Tensor};
 use crate::promise::{promise_now, ArrayPromise};
@@ -26,11 +27,11 @@ extern "C" {
 
     /// What an optimizer updates: an array of parameters, or a module
     /// (all of its parameters).
-    #[wasm_bindgen(typescript_type = "Param[] | Linear | Sequential")]
+    #[wasm_bindgen(typescript_type = "Param[] | Linear | Sequential | Layer")]
     pub type ParamsArg;
 
     /// A layer for `Sequential.add`: a module or an activation name.
-    #[wasm_bindgen(typescript_type = "Linear | Sequential | 'relu' | 'tanh' | 'sigmoid' | 'gelu' | 'silu'")]
+    #[wasm_bindgen(typescript_type = "Linear | Sequential | Layer | 'relu' | 'tanh' | 'sigmoid' | 'gelu' | 'silu'")]
     pub type LayerArg;
 
     #[wasm_bindgen(typescript_type = "Param[]")]
@@ -62,8 +63,13 @@ fn module_from_js(op: &'static str, value: &JsValue) -> Res<Rc<dyn Module>> {
     let called = value.unchecked_ref::<Handle>().kiln_module();
     match (called, MODULE_HANDOFF.with(|h| h.borrow_mut().take())) {
         (Ok(()), Some(m)) => Ok(m),
-        _ => Err(KilnError::argument(op, "expected a Linear, a Sequential or an activation name")),
+        _ => Err(KilnError::argument(op, "expected a Linear, a Sequential, a Layer or an activation name")),
     }
+}
+
+/// Leave `module` for the Rust code that asked a JS object for its module.
+pub(crate) fn hand_off_module(module: Rc<dyn Module>) {
+    MODULE_HANDOFF.with(|h| *h.borrow_mut() = Some(module));
 }
 
 /// Parameters from an array of `Param`s or from a module.
@@ -101,7 +107,7 @@ fn shape_array(dims: &[usize]) -> IntList {
 }
 
 fn forward_with(module: &dyn Module, x: &Tensor) -> Res<Tensor> {
-    x.map(|t: CoreTensor<'static>| module.forward(t))
+    x.map(|t| module.forward(t))
 }
 
 fn wrap_params(params: Vec<kiln_core::Param>) -> Vec<Param> {
@@ -218,13 +224,16 @@ impl Module for SharedLinear {
     fn parameters(&self) -> Vec<kiln_core::Param> {
         self.0.parameters()
     }
+    fn named_parameters(&self) -> Vec<(String, kiln_core::Param)> {
+        self.0.named_parameters()
+    }
 }
 
 #[wasm_bindgen]
 impl Linear {
     #[wasm_bindgen(js_name = "__kilnModule")]
     pub fn handoff(&self) {
-        MODULE_HANDOFF.with(|h| *h.borrow_mut() = Some(Rc::new(SharedLinear(self.inner.clone()))));
+        hand_off_module(Rc::new(SharedLinear(self.inner.clone())));
     }
 
     /// Apply the layer to `x` ([..., inFeatures]).
@@ -244,6 +253,19 @@ impl Linear {
     #[wasm_bindgen(getter)]
     pub fn bias(&self) -> Option<Param> {
         self.inner.bias.clone().map(|inner| Param { inner })
+    }
+
+    /// The layer's parameters as safetensors bytes, keyed as native kiln
+    /// ("weight", "bias").
+    #[wasm_bindgen(js_name = stateDict)]
+    pub fn state_dict(&self) -> BytesPromise {
+        crate::checkpoint::module_state(Rc::new(SharedLinear(self.inner.clone())))
+    }
+
+    /// Load `stateDict()` bytes (from JS or native kiln).
+    #[wasm_bindgen(js_name = loadStateDict)]
+    pub fn load_state_dict(&self, bytes: &[u8]) -> Res<()> {
+        crate::checkpoint::load_module(&SharedLinear(self.inner.clone()), bytes)
     }
 
     #[wasm_bindgen(getter, js_name = inFeatures)]
@@ -280,6 +302,32 @@ impl Module for SeqInner {
     fn parameters(&self) -> Vec<kiln_core::Param> {
         self.layers.borrow().iter().flat_map(|l| l.parameters()).collect()
     }
+    /// "{index}.{key}", as kiln's (and PyTorch's) Sequential.
+    fn named_parameters(&self) -> Vec<(String, kiln_core::Param)> {
+        self.prefixed(|l| l.named_parameters())
+    }
+    fn buffers(&self) -> Vec<kiln_core::Param> {
+        self.layers.borrow().iter().flat_map(|l| l.buffers()).collect()
+    }
+    fn named_buffers(&self) -> Vec<(String, kiln_core::Param)> {
+        self.prefixed(|l| l.named_buffers())
+    }
+    fn set_training(&self, training: bool) {
+        self.layers.borrow().iter().for_each(|l| l.set_training(training));
+    }
+}
+
+impl SeqInner {
+    fn prefixed(
+        &self,
+        entries: impl Fn(&dyn Module) -> Vec<(String, kiln_core::Param)>,
+    ) -> Vec<(String, kiln_core::Param)> {
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.borrow().iter().enumerate() {
+            out.extend(entries(layer.as_ref()).into_iter().map(|(key, p)| (format!("{i}.{key}"), p)));
+        }
+        out
+    }
 }
 
 /// Layers applied in order. Build one with `kiln.sequential()` and `add()`,
@@ -290,9 +338,11 @@ pub struct Sequential {
 }
 
 impl Sequential {
-    pub(crate) fn from_module(module: impl Module + 'static) -> Sequential {
+    /// The layers of a kiln-core Sequential, so that keys and parameter
+    /// order are native kiln's.
+    pub(crate) fn from_core(model: nn::Sequential) -> Sequential {
         let inner = SeqInner::default();
-        inner.layers.borrow_mut().push(Rc::new(module));
+        inner.layers.borrow_mut().extend(model.into_layers().into_iter().map(Rc::<dyn Module>::from));
         Sequential { inner: Rc::new(inner) }
     }
 
@@ -314,8 +364,7 @@ impl Sequential {
 impl Sequential {
     #[wasm_bindgen(js_name = "__kilnModule")]
     pub fn handoff(&self) {
-        let inner: Rc<dyn Module> = self.inner.clone();
-        MODULE_HANDOFF.with(|h| *h.borrow_mut() = Some(inner));
+        hand_off_module(self.inner.clone());
     }
 
     /// Append a layer: a `Linear`, another `Sequential`, or an activation
@@ -353,6 +402,28 @@ impl Sequential {
     pub fn zero_grad(&self) {
         self.inner.zero_grad();
     }
+
+    /// Every layer's parameters and buffers as safetensors bytes, in native
+    /// kiln's format and keys ("0.weight", "0.bias", "2.weight", ...):
+    /// native kiln (`kiln_core::checkpoint::load_state`) and PyTorch read it.
+    #[wasm_bindgen(js_name = stateDict)]
+    pub fn state_dict(&self) -> BytesPromise {
+        crate::checkpoint::module_state(self.inner.clone())
+    }
+
+    /// Load `stateDict()` bytes (from JS or native kiln). Every key must be
+    /// present with its shape and dtype; otherwise nothing changes and the
+    /// error lists every missing, unexpected and mismatched key.
+    #[wasm_bindgen(js_name = loadStateDict)]
+    pub fn load_state_dict(&self, bytes: &[u8]) -> Res<()> {
+        crate::checkpoint::load_module(self.inner.as_ref(), bytes)
+    }
+
+    /// Training (true) or evaluation mode for every layer.
+    #[wasm_bindgen(js_name = setTraining)]
+    pub fn set_training(&self, training: bool) {
+        self.inner.set_training(training);
+    }
 }
 
 // ----- Losses --------------------------------------------------------------
@@ -383,12 +454,84 @@ pub fn mse_loss(prediction: &Tensor, target: &Tensor) -> Res<Tensor> {
 
 // ----- Optimizers ----------------------------------------------------------
 
+/// An optimizer shared with a pending `stateDict()` read (which holds it
+/// until the device has copied the state out).
+type SharedOpt<O> = Rc<RefCell<O>>;
+
+fn busy(op: &'static str) -> KilnError {
+    KilnError::new(
+        "InvalidArgument",
+        op,
+        format!("{op}: this optimizer's stateDict() is still being read; await it first"),
+    )
+}
+
+fn with_mut<O, R>(opt: &SharedOpt<O>, op: &'static str, f: impl FnOnce(&mut O) -> kiln_core::Result<R>) -> Res<R> {
+    let mut o = opt.try_borrow_mut().map_err(|_| busy(op))?;
+    Ok(f(&mut o)?)
+}
+
+macro_rules! optimizer_common {
+    ($t:ident, $name:literal) => {
+        #[wasm_bindgen]
+        impl $t {
+            /// Update every parameter that has a gradient.
+            pub fn step(&self) -> Res<()> {
+                with_mut(&self.inner, concat!($name, ".step"), |o| o.step())
+            }
+
+            /// Drop the gradients of every parameter this optimizer updates.
+            #[wasm_bindgen(js_name = zeroGrad)]
+            pub fn zero_grad(&self) {
+                if let Ok(o) = self.inner.try_borrow() {
+                    o.zero_grad();
+                }
+            }
+
+            #[wasm_bindgen(getter)]
+            pub fn lr(&self) -> Res<f64> {
+                Ok(self.inner.try_borrow().map_err(|_| busy(concat!($name, ".lr")))?.learning_rate())
+            }
+
+            /// Throws (and keeps the old value) unless lr is finite and >= 0.
+            #[wasm_bindgen(setter)]
+            pub fn set_lr(&self, lr: f64) -> Res<()> {
+                with_mut(&self.inner, concat!($name, ".lr"), |o| o.set_learning_rate(lr))
+            }
+
+            /// The optimizer's state (step count, learning rate, per-parameter
+            /// buffers) as safetensors bytes, in native kiln's format and keys
+            /// ("optimizer.{i}.{slot}"; `kiln_core::checkpoint`).
+            #[wasm_bindgen(js_name = stateDict)]
+            pub fn state_dict(&self) -> BytesPromise {
+                let opt = self.inner.clone();
+                crate::checkpoint::bytes_promise(Box::pin(async move {
+                    let o = opt.try_borrow().map_err(|_| busy(concat!($name, ".stateDict")))?;
+                    Ok(kiln_core::checkpoint::save_optimizer_state(&*o).await?)
+                }))
+            }
+
+            /// Restore `stateDict()` bytes (from JS or native kiln) into this
+            /// optimizer, built over parameters of the same shapes; on any
+            /// mismatch nothing changes and the error lists every problem.
+            #[wasm_bindgen(js_name = loadStateDict)]
+            pub fn load_state_dict(&self, bytes: &[u8]) -> Res<()> {
+                with_mut(&self.inner, concat!($name, ".loadStateDict"), |o| {
+                    kiln_core::checkpoint::load_optimizer_state(o, bytes)
+                })
+            }
+        }
+    };
+}
+
 /// Stochastic gradient descent (PyTorch's formulas): optional momentum,
 /// Nesterov momentum and L2 weight decay.
 #[wasm_bindgen]
 pub struct Sgd {
-    inner: optim::Sgd,
+    inner: SharedOpt<optim::Sgd>,
 }
+
+optimizer_common!(Sgd, "Sgd");
 
 #[wasm_bindgen]
 impl Sgd {
@@ -404,28 +547,6 @@ impl Sgd {
     ) -> Res<Sgd> {
         let params = params_from_js("Sgd", params)?;
         Sgd::create(params, lr, momentum, weightDecay, nesterov)
-    }
-
-    /// Update every parameter that has a gradient.
-    pub fn step(&mut self) -> Res<()> {
-        Ok(self.inner.step()?)
-    }
-
-    /// Drop the gradients of every parameter this optimizer updates.
-    #[wasm_bindgen(js_name = zeroGrad)]
-    pub fn zero_grad(&self) {
-        self.inner.zero_grad();
-    }
-
-    #[wasm_bindgen(getter)]
-    pub fn lr(&self) -> f64 {
-        self.inner.learning_rate()
-    }
-
-    /// Throws (and keeps the old value) unless lr is finite and >= 0.
-    #[wasm_bindgen(setter)]
-    pub fn set_lr(&mut self, lr: f64) -> Res<()> {
-        Ok(self.inner.set_learning_rate(lr)?)
     }
 }
 
@@ -444,15 +565,17 @@ impl Sgd {
             weight_decay.unwrap_or(0.0),
             nesterov.unwrap_or(false),
         )?;
-        Ok(Sgd { inner })
+        Ok(Sgd { inner: Rc::new(RefCell::new(inner)) })
     }
 }
 
 /// Adam (PyTorch's formulas, bias-corrected); AdamW with `decoupled`.
 #[wasm_bindgen]
 pub struct Adam {
-    inner: optim::Adam,
+    inner: SharedOpt<optim::Adam>,
 }
+
+optimizer_common!(Adam, "Adam");
 
 #[wasm_bindgen]
 impl Adam {
@@ -473,30 +596,10 @@ impl Adam {
         Adam::create(params, lr, beta1, beta2, eps, weightDecay, decoupled)
     }
 
-    pub fn step(&mut self) -> Res<()> {
-        Ok(self.inner.step()?)
-    }
-
-    #[wasm_bindgen(js_name = zeroGrad)]
-    pub fn zero_grad(&self) {
-        self.inner.zero_grad();
-    }
-
-    #[wasm_bindgen(getter)]
-    pub fn lr(&self) -> f64 {
-        self.inner.learning_rate()
-    }
-
-    /// Throws (and keeps the old value) unless lr is finite and >= 0.
-    #[wasm_bindgen(setter)]
-    pub fn set_lr(&mut self, lr: f64) -> Res<()> {
-        Ok(self.inner.set_learning_rate(lr)?)
-    }
-
     /// Steps taken so far.
     #[wasm_bindgen(getter)]
-    pub fn steps(&self) -> f64 {
-        self.inner.steps() as f64
+    pub fn steps(&self) -> Res<f64> {
+        Ok(self.inner.try_borrow().map_err(|_| busy("Adam.steps"))?.steps() as f64)
     }
 }
 
@@ -518,6 +621,6 @@ impl Adam {
             weight_decay.unwrap_or(0.0),
             decoupled.unwrap_or(false),
         )?;
-        Ok(Adam { inner })
+        Ok(Adam { inner: Rc::new(RefCell::new(inner)) })
     }
 }

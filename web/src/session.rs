@@ -78,7 +78,7 @@ impl Kiln {
                     WebGpuProbe::Missing => "navigator.gpu is missing: this environment has no WebGPU".to_string(),
                     WebGpuProbe::NoAdapter => "navigator.gpu.requestAdapter() returned no adapter".to_string(),
                     WebGpuProbe::Failed(e) => format!("asking for a WebGPU adapter failed: {e}"),
-                    WebGpuProbe::Adapter(a) => match start_webgpu().await {
+                    WebGpuProbe::Adapter(a) => match start_webgpu(a.clone()).await {
                         Ok(kiln) => return Ok(kiln),
                         Err(e) => format!("a WebGPU adapter exists ({a}) but {e}"),
                     },
@@ -180,7 +180,7 @@ impl Kiln {
     pub fn mlp_native(&self, widths: &[usize], activation: &str, seed: u64) -> Res<Sequential> {
         let act = crate::nn::parse_activation("mlp", activation)?;
         let model = kiln_core::nn::Sequential::mlp(&self.device, widths, act, seed)?;
-        Ok(Sequential::from_module(model))
+        Ok(Sequential::from_core(model))
     }
 }
 
@@ -268,14 +268,17 @@ pub async fn self_test(device: &Device) -> Result<(), String> {
 
 /// The WebGPU device through kiln-wgsl.
 #[cfg(all(feature = "webgpu", target_arch = "wasm32"))]
-async fn start_webgpu() -> Result<Kiln, String> {
+async fn start_webgpu(adapter: String) -> Result<Kiln, String> {
     let options = kiln_wgsl::WgpuOptions::with_backends(kiln_wgsl::wgpu::Backends::BROWSER_WEBGPU);
     let backend =
         kiln_wgsl::WgpuBackend::new(options).await.map_err(|e| format!("starting the wgpu backend failed: {e}"))?;
     let s = backend.summary();
+    // wgpu's summary has no name on the browser's WebGPU; the adapter's
+    // vendor, architecture and description come from the probe.
+    let name = if s.name.trim().is_empty() { adapter } else { format!("{} [{adapter}]", s.name) };
     let info = format!(
         "webgpu: {} ({}, {}{})",
-        s.name,
+        name,
         s.backend,
         s.device_type,
         if s.driver.is_empty() { String::new() } else { format!(", {}", s.driver) }
@@ -286,6 +289,6 @@ async fn start_webgpu() -> Result<Kiln, String> {
 }
 
 #[cfg(not(all(feature = "webgpu", target_arch = "wasm32")))]
-async fn start_webgpu() -> Result<Kiln, String> {
+async fn start_webgpu(_adapter: String) -> Result<Kiln, String> {
     Err("this build of kiln-web has no WebGPU backend (cargo feature 'webgpu' off)".into())
 }

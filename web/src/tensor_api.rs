@@ -1,6 +1,7 @@
 //! The JavaScript methods of `Graph` and `Tensor`.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 
 use js_sys::{Array, Float32Array, Float64Array, Int32Array, Uint8Array};
 use kiln_core::{BackwardOptions, HostData, Tensor as CoreTensor};
@@ -8,7 +9,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::error::{KilnError, Res};
-use crate::graph::{dtype_name, parse_dtype, Graph, Tensor};
+use crate::graph::{dtype_name, parse_dtype, Graph, Slot, Tensor};
 use crate::nn::Param;
 use crate::promise::{ArrayPromise, NumberPromise};
 
@@ -272,13 +273,20 @@ impl Graph {
     /// Number of nodes recorded in this step.
     #[wasm_bindgen(getter, js_name = nodeCount)]
     pub fn node_count(&self) -> Res<u32> {
-        Ok(self.slot()?.graph().len() as u32)
+        Ok(self.slot()?.graph.len() as u32)
+    }
+
+    /// How many nodes of this step were made by the op named `name` (see
+    /// `opKinds()`), including those recorded by `backward()`.
+    #[wasm_bindgen(js_name = countOps)]
+    pub fn count_ops(&self, name: &str) -> Res<u32> {
+        Ok(self.slot()?.graph.count_ops(name) as u32)
     }
 
     /// Whether new nodes record gradient structure.
     #[wasm_bindgen(getter, js_name = gradEnabled)]
     pub fn grad_enabled(&self) -> Res<bool> {
-        Ok(self.slot()?.graph().is_grad_enabled())
+        Ok(self.slot()?.graph.is_grad_enabled())
     }
 
     /// Run `fn` with gradient recording off (optimizer-free evaluation,
@@ -286,7 +294,7 @@ impl Graph {
     #[wasm_bindgen(js_name = noGrad)]
     pub fn no_grad(&self, f: &NoGradFn) -> Result<JsValue, JsValue> {
         let slot = self.slot()?;
-        let _guard = slot.graph().no_grad();
+        let _guard = slot.graph.no_grad();
         let result = f.unchecked_ref::<js_sys::Function>().call0(&JsValue::UNDEFINED);
         drop(_guard);
         drop(slot);
@@ -297,8 +305,8 @@ impl Graph {
     pub fn realize(&self, tensors: &TensorArray) -> Res<()> {
         let ts = tensors_from_js("realize", tensors)?;
         let slot = self.slot()?;
-        let core: Vec<CoreTensor<'static>> = ts.iter().map(|t| t.resolve().map(|r| r.1)).collect::<Res<_>>()?;
-        slot.graph().realize(&core)?;
+        let core = self.core_tensors("realize", &slot, &ts)?;
+        slot.graph.realize(&core)?;
         Ok(())
     }
 
@@ -306,16 +314,17 @@ impl Graph {
     /// of this graph (for higher-order derivatives). `seed` defaults to 1.
     pub fn grad(&self, root: &Tensor, wrt: &TensorArray, seed: Option<TensorArg>) -> Res<Array> {
         let ts = tensors_from_js("grad", wrt)?;
-        let (slot, r) = root.resolve()?;
-        let core: Vec<CoreTensor<'static>> = ts.iter().map(|t| t.resolve().map(|r| r.1)).collect::<Res<_>>()?;
+        let slot = self.slot()?;
+        let r = self.core_tensors("grad", &slot, std::slice::from_ref(root))?[0];
+        let core = self.core_tensors("grad", &slot, &ts)?;
         let s = match &seed {
-            Some(s) => Some(tensor_from_js("grad", s)?.resolve()?.1),
+            Some(s) => Some(self.core_tensors("grad", &slot, &[tensor_from_js("grad", s)?])?[0]),
             None => None,
         };
-        let grads = slot.graph().grad(r, &core, s)?;
+        let grads = slot.graph.grad(r, &core, s)?;
         let out = Array::new();
         for g in grads {
-            out.push(&JsValue::from(root.graph_register(&slot, g)));
+            out.push(&JsValue::from(self.shared.register(&slot, g)));
         }
         Ok(out)
     }
@@ -327,17 +336,28 @@ impl Graph {
     }
 }
 
-impl Tensor {
-    pub(crate) fn graph_register(&self, slot: &crate::graph::Slot, t: CoreTensor<'static>) -> Tensor {
-        self.graph.register(slot, t)
+impl Graph {
+    /// The core handles of tensors that must belong to this graph's live step.
+    fn core_tensors<'s>(&self, op: &'static str, slot: &'s Slot, ts: &[Tensor]) -> Res<Vec<CoreTensor<'s>>> {
+        ts.iter()
+            .map(|t| {
+                if !Rc::ptr_eq(&t.graph, &self.shared) {
+                    return Err(KilnError::argument(op, "a tensor belongs to a different graph"));
+                }
+                t.slot()?;
+                slot.get(t.id)
+            })
+            .collect()
     }
+}
 
+impl Tensor {
     /// Binary op with a tensor or number operand (native tests use this).
     pub(crate) fn binary_with(
         &self,
         op: &'static str,
         other: Other,
-        f: fn(CoreTensor<'static>, CoreTensor<'static>) -> kiln_core::Result<CoreTensor<'static>>,
+        f: for<'g> fn(CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
     ) -> Res<Tensor> {
         match other {
             Other::Tensor(t) => self.map2(&t, op, f),
@@ -510,8 +530,8 @@ impl Tensor {
     #[wasm_bindgen(getter)]
     pub fn shape(&self) -> Res<IntList> {
         let out = Array::new();
-        for &d in self.resolve()?.1.dims().iter() {
-            out.push(&JsValue::from_f64(d as f64));
+        for d in self.with(|t| Ok(t.dims()))?.iter() {
+            out.push(&JsValue::from_f64(*d as f64));
         }
         Ok(out.unchecked_into())
     }
@@ -524,18 +544,18 @@ impl Tensor {
 
     #[wasm_bindgen(getter)]
     pub fn rank(&self) -> Res<u32> {
-        Ok(self.resolve()?.1.rank() as u32)
+        self.with(|t| Ok(t.rank() as u32))
     }
 
     /// Number of elements.
     #[wasm_bindgen(getter)]
     pub fn size(&self) -> Res<u32> {
-        Ok(self.resolve()?.1.numel() as u32)
+        self.with(|t| Ok(t.numel() as u32))
     }
 
     #[wasm_bindgen(getter, js_name = requiresGrad)]
     pub fn requires_grad(&self) -> Res<bool> {
-        Ok(self.resolve()?.1.requires_grad())
+        self.with(|t| Ok(t.requires_grad()))
     }
 
     /// The step of its graph this tensor belongs to.
@@ -547,13 +567,13 @@ impl Tensor {
     /// Whether this tensor's step is still the graph's current one.
     #[wasm_bindgen(getter, js_name = isAlive)]
     pub fn is_alive(&self) -> bool {
-        self.resolve().is_ok()
+        self.slot().is_ok()
     }
 
     /// The name of the op that made this tensor.
     #[wasm_bindgen(getter)]
     pub fn op(&self) -> Res<String> {
-        Ok(self.resolve()?.1.op().name().to_string())
+        self.with(|t| Ok(t.op().name().to_string()))
     }
 
     /// Matrix product (batched over leading axes).
@@ -649,20 +669,9 @@ impl Tensor {
     #[wasm_bindgen(js_name = "where")]
     pub fn where_(&self, on_true: &Operand, on_false: &Operand) -> Res<Tensor> {
         match (operand("where", on_true)?, operand("where", on_false)?) {
-            (Other::Tensor(a), Other::Tensor(b)) => {
-                let (slot, c) = self.resolve()?;
-                let ta = self.check_same("where", &a)?;
-                let tb = self.check_same("where", &b)?;
-                Ok(self.graph.register(&slot, c.where_(ta, tb)?))
-            }
-            (Other::Tensor(a), Other::Number(y)) => {
-                let ta = self.check_same("where", &a)?;
-                self.map(|c| c.where_(ta, y))
-            }
-            (Other::Number(x), Other::Tensor(b)) => {
-                let tb = self.check_same("where", &b)?;
-                self.map(|c| c.where_(x, tb))
-            }
+            (Other::Tensor(a), Other::Tensor(b)) => self.map3(&a, &b, "where", |c, a, b| c.where_(a, b)),
+            (Other::Tensor(a), Other::Number(y)) => self.map2(&a, "where", move |c, a| c.where_(a, y)),
+            (Other::Number(x), Other::Tensor(b)) => self.map2(&b, "where", move |c, b| c.where_(x, b)),
             (Other::Number(x), Other::Number(y)) => self.map(|c| c.where_(x, y)),
         }
     }
@@ -670,8 +679,10 @@ impl Tensor {
     /// Keep this intermediate's gradient after `backward()` (read `grad`).
     #[wasm_bindgen(js_name = retainGrad)]
     pub fn retain_grad(&self) -> Res<Tensor> {
-        let (_, t) = self.resolve()?;
-        t.retain_grad();
+        self.with(|t| {
+            t.retain_grad();
+            Ok(())
+        })?;
         Ok(self.clone())
     }
 
@@ -680,8 +691,9 @@ impl Tensor {
     /// keep theirs: `param.grad()`.)
     #[wasm_bindgen(getter)]
     pub fn grad(&self) -> Res<Option<Tensor>> {
-        let (slot, t) = self.resolve()?;
-        Ok(t.grad().map(|g| self.graph.register(&slot, g)))
+        let slot = self.slot()?;
+        let grad = slot.get(self.id)?.grad();
+        Ok(grad.map(|g| self.graph.register(&slot, g)))
     }
 
     /// Reverse-mode differentiation from this tensor: gradients accumulate
@@ -690,14 +702,10 @@ impl Tensor {
     /// `keepGraph` allows a second backward over this step.
     #[allow(non_snake_case)]
     pub fn backward(&self, seed: Option<TensorArg>, keepGraph: Option<bool>) -> Res<()> {
-        let (_slot, t) = self.resolve()?;
+        let slot = self.slot()?;
+        let t = slot.get(self.id)?;
         let seed = match seed.map(|s| tensor_from_js("backward", &s)).transpose()? {
-            Some(s) => {
-                if !std::rc::Rc::ptr_eq(&s.graph, &self.graph) {
-                    return Err(KilnError::argument("backward", "the seed belongs to another graph"));
-                }
-                Some(s.resolve()?.1)
-            }
+            Some(s) => Some(self.same("backward", &slot, &s)?),
             None => None,
         };
         t.backward_with_options(BackwardOptions { seed, keep_graph: keepGraph.unwrap_or(false) })?;
@@ -715,14 +723,5 @@ impl Tensor {
     /// The single value of a one-element tensor.
     pub fn item(&self) -> NumberPromise {
         promise_of(self.read(), item_of).unchecked_into()
-    }
-}
-
-impl Tensor {
-    fn check_same(&self, op: &'static str, other: &Tensor) -> Res<CoreTensor<'static>> {
-        if !std::rc::Rc::ptr_eq(&self.graph, &other.graph) {
-            return Err(KilnError::argument(op, "operands belong to different graphs"));
-        }
-        Ok(other.resolve()?.1)
     }
 }

@@ -27,6 +27,8 @@ async function rejects(promise, check, what) {
   check(error);
 }
 
+import { reach, exceptions } from './op-coverage.mjs';
+
 const TOL = 1e-5;
 
 export const tests = [
@@ -34,6 +36,7 @@ export const tests = [
     assert(kiln.device === env.expect, `device ${kiln.device}, expected ${env.expect} (fallbackReason: ${kiln.fallbackReason})`);
     if (env.expect === 'webgpu') {
       assert(kiln.deviceInfo.startsWith('webgpu'), `deviceInfo ${kiln.deviceInfo}`);
+      assert(!/^webgpu:\s*\(/.test(kiln.deviceInfo) && !kiln.deviceInfo.includes('unnamed'), `the adapter is named in deviceInfo: ${kiln.deviceInfo}`);
       assert(kiln.fallbackReason === undefined, 'no fallback reason on WebGPU');
     } else {
       assert(kiln.deviceInfo.startsWith('cpu'), `deviceInfo ${kiln.deviceInfo}`);
@@ -140,7 +143,9 @@ export const tests = [
     const e = throws(() => a.add(b), () => {}, 'broadcast error');
     assert(e instanceof Error, 'an Error');
     assert(e.name === 'KilnError' && e.kind === 'Shape' && e.op === 'Add', `${e.name} ${e.kind} ${e.op}`);
-    assert(/^Add: shapes \[2\] and \[3\] do not broadcast \(at .+:\d+:\d+\)$/.test(e.message), e.message);
+    assert(/^Add: shapes \[2\] and \[3\] do not broadcast$/.test(e.message), `no Rust location in the message: ${e.message}`);
+    assert(e instanceof k.KilnError, 'instanceof KilnError');
+    assert(!(new Error('x') instanceof k.KilnError), 'a plain Error is not a KilnError');
     throws(() => a.matmul(b), (e) => assert(e.kind === 'Shape' && /MatMul|matmul/.test(e.message), e.message), 'matmul shapes');
     throws(() => a.add('x'), (e) => assert(/expected a Tensor, got the string "x"/.test(e.message), e.message), 'bad operand');
     throws(() => a.sum(7), (e) => assert(e.kind === 'OutOfRange', e.message), 'bad axis');
@@ -162,6 +167,32 @@ export const tests = [
     throws(() => c.exp(), (e) => assert(/was freed/.test(e.message), e.message), 'freed graph');
   }],
 
+  ['one error kind per mistake; KilnError is exported', async (k, env, kiln) => {
+    assert(typeof k.KilnError === 'function', 'KilnError exported');
+    assert(k.start === undefined && k.__wbg_init === undefined, 'no internal names exported');
+    const made = new k.KilnError('Shape', 'myOp', 'myOp: bad');
+    assert(made instanceof Error && made instanceof k.KilnError && made.kind === 'Shape' && made.op === 'myOp' && made.name === 'KilnError', 'constructible');
+    const g = kiln.graph();
+    const logits = g.zeros([2, 3]);
+    const floatLabels = g.tensor(new Float32Array([0, 1]), [2]);
+    const intLabels = g.tensor(new Int32Array([0, 1]), [2]);
+    for (const [what, fn] of [
+      ['crossEntropy', () => k.crossEntropy(logits, floatLabels)],
+      ['nllLoss', () => k.nllLoss(logits, floatLabels)],
+      ['oneHot', () => floatLabels.oneHot(3)],
+      ['indexSelect', () => logits.indexSelect(0, floatLabels)],
+      ['matmul', () => intLabels.reshape([1, 2]).matmul(logits)],
+    ]) {
+      throws(fn, (e) => {
+        assert(e instanceof k.KilnError && e.kind === 'DType', `${what}: kind ${e.kind}: ${e.message}`);
+        assert(!/\.rs:\d+/.test(e.message), `${what}: no Rust location: ${e.message}`);
+      }, what);
+    }
+    throws(() => k.crossEntropy(logits, g.tensor(new Int32Array([0, 1, 2]), [3])), (e) => assert(e.kind === 'Shape', e.message), 'label count');
+    await rejects(k.crossEntropy(logits, g.tensor(new Int32Array([0, 5]), [2])).item(),
+      (e) => assert(e.kind === 'OutOfRange' && /5/.test(e.message), `bad label: ${e.kind} ${e.message}`), 'label out of range');
+    g.free();
+  }],
   ['a read started before reset still resolves', async (k, env, kiln) => {
     const g = kiln.graph();
     const x = g.tensor(new Float32Array([1, 2, 3]), [3]);
@@ -217,6 +248,90 @@ export const tests = [
     opt.free(); model.free(); lin.free(); g.free();
   }],
 
+  ['every primitive of the op table is reachable from JavaScript', async (k, env, kiln) => {
+    const kinds = k.opKinds();
+    assert(kinds.length >= 50 && kinds.includes('MatMul'), `opKinds(): ${kinds}`);
+    const missing = kinds.filter((name) => !(name in reach) && !(name in exceptions));
+    assert(missing.length === 0, `ops with no JS counterpart and no declared exception: ${missing.join(', ')}`);
+    for (const [name, why] of Object.entries(exceptions)) assert(typeof why === 'string' && why.length > 10, `exception ${name} needs a reason`);
+    const unknown = Object.keys(reach).filter((name) => !kinds.includes(name));
+    assert(unknown.length === 0, `coverage entries for ops the table does not have: ${unknown.join(', ')}`);
+    const g = kiln.graph();
+    for (const name of kinds) {
+      if (!(name in reach)) continue;
+      g.reset();
+      const t = reach[name](g, kiln);
+      await t.toArray();
+      assert(g.countOps(name) >= 1, `${name}: the JS call recorded no ${name} node`);
+    }
+    g.free();
+  }],
+
+  ['slicing, scatter, windows, random, masks, composed ops', async (k, env, kiln) => {
+    const g = kiln.graph();
+    const x = g.tensor(new Float32Array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]), [3, 4]);
+    allClose(await x.slice([[1, 3], [0, 4, 2]]).toArray(), [4, 6, 8, 10], 0, 'multi-axis slice');
+    allClose(await x.slice([null, [3, 99]]).toArray(), [3, 7, 11], 0, 'null axis, clamped end');
+    const idx = g.tensor(new Int32Array([0, 2, 0]), [3]);
+    allClose(await g.zeros([3]).scatterAdd(0, idx, g.tensor(new Float32Array([1, 2, 3]), [3])).toArray(), [4, 0, 2], 0, 'scatterAdd');
+    const parts = x.split([1, 2], 0);
+    assert(parts.length === 2 && JSON.stringify(parts[1].shape) === '[2,4]', 'split');
+    assert(x.chunk(2, 1).length === 2, 'chunk');
+    const im = g.tensor(new Float32Array(Array.from({ length: 16 }, (_, i) => i)), [1, 1, 4, 4]);
+    allClose(await im.maxPool2d(2).toArray(), [5, 7, 13, 15], 0, 'maxPool2d');
+    const cols = im.im2col(2, 2);
+    assert(JSON.stringify(cols.shape) === '[1,4,4]', `im2col shape ${cols.shape}`);
+    allClose(await cols.col2im([4, 4], 2, 2).toArray(), Array.from({ length: 16 }, (_, i) => i), 0, 'col2im inverts non-overlapping im2col');
+    const u1 = await g.randUniform([64], 5).toArray();
+    const u2 = await g.randUniform([64], 5).toArray();
+    allClose(u1, u2, 0, 'same seed, same numbers');
+    assert(u1.every((v) => v >= 0 && v < 1), 'uniform in [0, 1)');
+    const n = await g.randNormal([1000], 3).toArray();
+    const mean = n.reduce((a, b) => a + b) / n.length;
+    assert(Math.abs(mean) < 0.15, `normal mean ${mean}`);
+    const v = g.tensor(new Float32Array([-1, 0.5]), [2]);
+    allClose(await v.erfc().toArray(), [1.8427007929, 0.4795001222], 1e-5, 'erfc');
+    allClose(await g.tensor(new Float32Array([0.25, 0.5]), [2]).log1p().toArray(), [Math.log1p(0.25), Math.log1p(0.5)], 1e-6, 'log1p');
+    allClose(await v.expm1().toArray(), [Math.expm1(-1), Math.expm1(0.5)], 1e-6, 'expm1');
+    allClose(await v.leakyRelu(0.1).toArray(), [-0.1, 0.5], 1e-6, 'leakyRelu');
+    allClose(await g.ones([2, 2]).tril().toArray(), [1, 0, 1, 1], 0, 'tril');
+    allClose(await g.zeros([2, 2]).causalSoftmax().toArray(), [1, 0, 0.5, 0.5], 1e-6, 'causalSoftmax');
+    const m = g.tensor(new Uint8Array([1, 0]), [2]);
+    allClose(await v.maskedFill(m, 9).toArray(), [9, 0.5], 0, 'maskedFill');
+    throws(() => x.slice([[0, 1, 0]]), (e) => assert(e.kind === 'InvalidArgument' && /step/.test(e.message), e.message), 'zero step');
+    g.free();
+  }],
+
+  ['layers: conv, pooling, norms, embedding, dropout, flatten, attention', async (k, env, kiln) => {
+    const g = kiln.graph();
+    const model = kiln.sequential();
+    const conv = kiln.conv2d(1, 4, 3, { padding: 1, seed: 2 });
+    assert(conv.kind === 'Conv2d' && conv.numParameters === 4 * 9 + 4, `conv ${conv.kind} ${conv.numParameters}`);
+    for (const layer of [conv, kiln.batchNorm2d(4), 'relu', kiln.maxPool2d(2), kiln.avgPool2d(1), kiln.adaptiveAvgPool2d(2), kiln.flatten(), kiln.layerNorm([16]), kiln.dropout(0.1, 4), kiln.linear(16, 3, true, 1)]) model.add(layer);
+    const x = g.randNormal([2, 1, 8, 8], 1);
+    const y = g.tensor(new Int32Array([0, 2]), [2]);
+    const opt = new k.Adam(model, 1e-2);
+    const loss = k.crossEntropy(model.forward(x), y);
+    loss.backward();
+    opt.step();
+    assert(Number.isFinite(await loss.item()), 'finite loss');
+    model.setTraining(false);
+    g.reset();
+    const out = model.forward(g.randNormal([2, 1, 8, 8], 1));
+    assert(JSON.stringify(out.shape) === '[2,3]', `output shape ${out.shape}`);
+    const emb = kiln.embedding(10, 4, 3);
+    const e = emb.forward(g.tensor(new Int32Array([1, 9, 1]), [3]));
+    const ev = await e.toArray();
+    allClose(ev.slice(0, 4), ev.slice(8, 12), 0, 'same index, same row');
+    const attn = kiln.multiheadAttention(8, 2, { causal: true, seed: 1 });
+    assert(JSON.stringify(attn.forward(g.randNormal([1, 3, 8], 2)).shape) === '[1,3,8]', 'attention shape');
+    const block = kiln.transformerBlock(8, 2, 16, 0, 1);
+    assert(JSON.stringify(block.forward(g.randNormal([1, 3, 8], 2)).shape) === '[1,3,8]', 'transformer block shape');
+    const q = g.randNormal([1, 3, 4], 3);
+    assert(JSON.stringify(k.scaledDotProductAttention(q, q, q, undefined, true).shape) === '[1,3,4]', 'sdpa');
+    throws(() => kiln.conv2d(3, 4, 3, { groups: 2 }), (e) => assert(/divisible by groups/.test(e.message), e.message), 'bad groups');
+    opt.free(); model.free(); emb.free(); attn.free(); block.free(); g.free();
+  }],
   ['an MLP learns the embedded digits with Adam', async (k, env, kiln) => {
     const { train, test } = k.loadDigits(0.2, 42);
     assert(train.length === 1438 && test.length === 359 && train.features === 64 && train.classes === 10, 'digits split');

@@ -169,6 +169,9 @@ pub(crate) fn input_gradients<'g>(
         Op::Col2Im { window, .. } => one(g.im2col(window)),
         Op::MaxPool2d(window) => one(x[0].max_pool2d_backward(g, window)),
         Op::MaxPool2dBackward(window) => Ok(smallvec![None, Some(max_pool_gather(x[0], g, window)?)]),
+        // dx = y · (g - Σ_j g_j y_j): masked entries have y = 0, so they get
+        // exactly 0, and the rule is ordinary ops on y (second order works).
+        Op::CausalSoftmax { .. } => one(y.mul(g.sub(g.mul(y)?.sum(&[-1], true)?)?)),
         // The user's backward, checked; only the inputs asked for.
         Op::Custom(c) => {
             let grads = c.gradients(x, y, g)?;

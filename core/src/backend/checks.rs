@@ -240,3 +240,28 @@ pub fn window_output(op: &'static str, window: &Window2d, h: usize, w: usize) ->
 pub fn window_mismatch(op: &'static str, dims: &[usize], out: &[usize]) -> Error {
     Error::shape(op, format!("input {} does not give output {}", fmt_dims(dims), fmt_dims(out)))
 }
+
+/// The (rows per matrix, row length) of a CausalSoftmax of `x` into `out`:
+/// rank >= 2, same dims, one float dtype.
+pub fn causal_softmax(
+    op: &'static str,
+    x: &[usize],
+    x_dtype: DType,
+    out: &[usize],
+    out_dtype: DType,
+) -> Result<(usize, usize)> {
+    if x.len() < 2 || x != out {
+        return Err(Error::shape(op, format!("input {} does not give output {}", fmt_dims(x), fmt_dims(out))));
+    }
+    if !x_dtype.is_float() || x_dtype != out_dtype {
+        return Err(Error::dtype(op, format!("needs one float dtype, got {x_dtype} into {out_dtype}")));
+    }
+    Ok((x[x.len() - 2], x[x.len() - 1]))
+}
+
+/// How many leading keys row `row` of a CausalSoftmax keeps: the j in
+/// 0..cols with j - row <= diagonal.
+#[inline]
+pub fn causal_kept(row: usize, cols: usize, diagonal: i32) -> usize {
+    (row as i64 + diagonal as i64 + 1).clamp(0, cols as i64) as usize
+}

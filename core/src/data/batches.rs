@@ -6,7 +6,7 @@
 
 use super::Dataset;
 use crate::error::{Error, Result};
-pub use crate::rng::SplitMix64;
+pub use crate::host_rng::SplitMix64;
 
 /// Shuffle `items` in place (Fisher–Yates): every order is equally likely.
 pub fn shuffle<T>(items: &mut [T], rng: &mut SplitMix64) {

@@ -3,7 +3,8 @@
 //! key/value cache for incremental decoding.
 //!
 //! Everything is composed from primitive ops (matmul, where, the masked
-//! softmax), so gradients and second derivatives come from their rules.
+//! softmax; the causal case through the fused CausalSoftmax primitive), so
+//! gradients and second derivatives come from their rules.
 
 use std::cell::Cell;
 
@@ -100,7 +101,6 @@ pub(crate) fn attention<'g>(
     }
     let graph = q.graph();
     let mut scores = q.matmul_t(k, false, true)?.mul(scale)?;
-    let mut keep: Option<Tensor<'g>> = None;
     if let Some(m) = mask {
         let md = m.dims();
         let fits = md.len() >= 2
@@ -111,23 +111,32 @@ pub(crate) fn attention<'g>(
                 format!("the mask {} does not broadcast to the scores [..., {l}, {s}] ({})", fmt_dims(&md), shapes()),
             ));
         }
-        if m.dtype() == DType::Bool {
-            keep = Some(m);
-        } else if m.dtype() == scores.dtype() {
-            scores = scores.add(m)?;
-            keep = Some(m.gt(f64::NEG_INFINITY)?);
-        } else {
+        if m.dtype() != DType::Bool && m.dtype() != scores.dtype() {
             return Err(Error::dtype(OP, format!("the mask must be bool or {} like q, got {}", q.dtype(), m.dtype())));
         }
     }
-    if let Some(diagonal) = causal_diagonal {
-        let triangle = graph.tril_mask(l, s, diagonal)?;
-        keep = Some(match keep {
-            None => triangle,
-            Some(m) => m.where_(triangle, graph.scalar(0.0, DType::Bool)?)?,
-        });
+    // A float mask is added to the scores (its -inf entries remove keys).
+    let float_mask = mask.filter(|m| m.dtype() != DType::Bool);
+    if let Some(m) = float_mask {
+        scores = scores.add(m)?;
     }
-    let mut probs = scores.masked_softmax(keep, -1)?;
+    let mut probs = match causal_diagonal {
+        // The fused primitive: the triangle is its attribute, -inf entries
+        // (a float mask's, or a bool mask's removed keys) count as masked.
+        Some(diagonal) => {
+            if let Some(m) = mask.filter(|m| m.dtype() == DType::Bool) {
+                scores = m.where_(scores, f64::NEG_INFINITY)?;
+            }
+            scores.causal_softmax(diagonal)?
+        }
+        None => {
+            let keep = match (mask, float_mask) {
+                (_, Some(m)) => Some(m.gt(f64::NEG_INFINITY)?),
+                (m, None) => m,
+            };
+            scores.masked_softmax(keep, -1)?
+        }
+    };
     if let Some(d) = dropout {
         if d.p > 0.0 {
             let kept = graph.rand_uniform(&probs.dims(), d.seed, probs.dtype())?.ge(d.p)?;

@@ -7,9 +7,9 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
+use crate::host_rng::SplitMix64;
 use crate::op::Window2d;
 use crate::param::Param;
-use crate::rng::SplitMix64;
 use crate::shape::{check_shape, checked_numel};
 
 /// Options shared by the convolution layers: stride, padding, dilation

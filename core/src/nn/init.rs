@@ -9,8 +9,8 @@
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::host_rng::SplitMix64;
 use crate::param::Param;
-use crate::rng::SplitMix64;
 
 use super::layers::generated_param;
 

@@ -5,9 +5,9 @@ use crate::device::Device;
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
+use crate::host_rng::SplitMix64;
 use crate::memory::try_from_fn;
 use crate::param::Param;
-use crate::rng::SplitMix64;
 use crate::shape::check_shape;
 
 /// y = x · Wᵀ + b, with W stored [out, in] as in PyTorch (the transpose is
@@ -193,6 +193,11 @@ impl Sequential {
 
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
+    }
+
+    /// The layers, in order (bindings that keep their own container use it).
+    pub fn into_layers(self) -> Vec<Box<dyn Module>> {
+        self.layers
     }
 
     /// A multi-layer perceptron: Linear layers of the given widths with

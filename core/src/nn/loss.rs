@@ -7,17 +7,18 @@ use crate::graph::Tensor;
 #[track_caller]
 fn check_logits_labels(op: &'static str, logits: &Tensor<'_>, labels: &Tensor<'_>) -> Result<(usize, usize)> {
     let (ld, yd) = (logits.dims(), labels.dims());
-    if ld.len() != 2 || !logits.dtype().is_float() {
-        return Err(Error::shape(
-            op,
-            format!("expects [batch, classes] float scores, got {:?} {}", ld.as_slice(), logits.dtype()),
-        ));
+    // A wrong dtype is a DType error, as everywhere else (oneHot, casts).
+    if !logits.dtype().is_float() {
+        return Err(Error::dtype(op, format!("expects float scores, got {}", logits.dtype())));
     }
-    if labels.dtype() != DType::I32 || yd.len() != 1 || yd[0] != ld[0] {
-        return Err(Error::shape(
-            op,
-            format!("expects i32 labels of shape [{}], got {:?} {}", ld[0], yd.as_slice(), labels.dtype()),
-        ));
+    if labels.dtype() != DType::I32 {
+        return Err(Error::dtype(op, format!("expects i32 labels, got {}", labels.dtype())));
+    }
+    if ld.len() != 2 {
+        return Err(Error::shape(op, format!("expects [batch, classes] scores, got {:?}", ld.as_slice())));
+    }
+    if yd.len() != 1 || yd[0] != ld[0] {
+        return Err(Error::shape(op, format!("expects labels of shape [{}], got {:?}", ld[0], yd.as_slice())));
     }
     if ld[0] == 0 {
         return Err(Error::shape(op, "the batch is empty"));
@@ -39,15 +40,19 @@ pub fn cross_entropy<'g>(logits: Tensor<'g>, labels: Tensor<'g>) -> Result<Tenso
 /// Mean cross-entropy against target probabilities [N, C] (rows sum to 1).
 #[track_caller]
 pub fn cross_entropy_probs<'g>(logits: Tensor<'g>, targets: Tensor<'g>) -> Result<Tensor<'g>> {
-    if logits.dims() != targets.dims() || logits.rank() != 2 || logits.dtype() != targets.dtype() {
+    if !logits.dtype().is_float() || logits.dtype() != targets.dtype() {
+        return Err(Error::dtype(
+            "cross_entropy_probs",
+            format!("logits ({}) and targets ({}) must share one float dtype", logits.dtype(), targets.dtype()),
+        ));
+    }
+    if logits.dims() != targets.dims() || logits.rank() != 2 {
         return Err(Error::shape(
             "cross_entropy_probs",
             format!(
-                "logits {:?} {} and targets {:?} {} must both be [batch, classes] of one float dtype",
+                "logits {:?} and targets {:?} must both be [batch, classes]",
                 logits.dims().as_slice(),
-                logits.dtype(),
-                targets.dims().as_slice(),
-                targets.dtype()
+                targets.dims().as_slice()
             ),
         ));
     }

@@ -216,6 +216,14 @@ pub enum Op {
     RandNormal {
         seed: u64,
     },
+    /// Softmax over the last axis of [..., L, S] keeping, in row i (the
+    /// position along the second-to-last axis), the keys j with
+    /// j - i <= diagonal: the causal mask as an attribute, so no mask tensor
+    /// exists. Entries of -inf count as masked too; a row with nothing kept
+    /// is all zeros (not NaN). Stable: each row is shifted by its kept max.
+    CausalSoftmax {
+        diagonal: i32,
+    },
     /// A user-defined op (see `custom`): what it is lives in the registry.
     Custom(CustomOp),
 }
@@ -310,6 +318,7 @@ impl Op {
             Op::Col2Im { window, image: [1, 1] },
             Op::MaxPool2d(window),
             Op::MaxPool2dBackward(window),
+            Op::CausalSoftmax { diagonal: 0 },
         ]);
         kinds
     }
@@ -319,7 +328,7 @@ impl Op {
         Op::builtin_kinds().iter().map(|k| k.name()).collect()
     }
 
-    const KIND_GROUPS: usize = 26;
+    const KIND_GROUPS: usize = 27;
 
     /// Which group of `kinds()` an op belongs to (exhaustive on purpose).
     fn kind_of(&self) -> usize {
@@ -349,7 +358,8 @@ impl Op {
             Op::Col2Im { .. } => 22,
             Op::MaxPool2d(_) => 23,
             Op::MaxPool2dBackward(_) => 24,
-            Op::Custom(_) => 25,
+            Op::CausalSoftmax { .. } => 25,
+            Op::Custom(_) => 26,
         }
     }
 

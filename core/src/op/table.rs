@@ -36,6 +36,8 @@ pub enum Family {
     Index,
     /// Sliding windows over NCHW images (Im2Col, Col2Im, pooling).
     Window,
+    /// A normalisation of each row of the last axis (CausalSoftmax).
+    Rowwise,
     /// A user-defined op (`op::custom`): its own CPU function and WGSL.
     Custom,
 }
@@ -413,6 +415,10 @@ impl Op {
             // The routing depends on x only through which element is
             // largest: piecewise constant in x, so only g carries gradient.
             Op::MaxPool2dBackward(_) => window("MaxPool2dBackward", 2, D::FLOAT, 0b10, x),
+            // dx = y · (g - Σ g·y): the rule reads the output only.
+            Op::CausalSoftmax { .. } => {
+                op("CausalSoftmax", F::Rowwise, Arity::Exactly(1), D::FLOAT, DTypeRule::SameAs(0), 1, y)
+            }
             // What a custom op is was stated when it was registered.
             Op::Custom(c) => {
                 let d = c.definition();

@@ -215,11 +215,11 @@ impl<'g> Tensor<'g> {
     /// One-hot rows: an i32 label vector [n] becomes [n, classes] of `dtype`.
     #[track_caller]
     pub fn one_hot(self, classes: usize, dtype: DType) -> Result<Tensor<'g>> {
-        if self.dtype() != DType::I32 || self.rank() != 1 {
-            return Err(Error::dtype(
-                "one_hot",
-                format!("labels must be a 1-D i32 tensor, got {:?} {}", self.dims().as_slice(), self.dtype()),
-            ));
+        if self.dtype() != DType::I32 {
+            return Err(Error::dtype("one_hot", format!("labels must be an i32 tensor, got {}", self.dtype())));
+        }
+        if self.rank() != 1 {
+            return Err(Error::shape("one_hot", format!("labels must be 1-D, got shape {:?}", self.dims().as_slice())));
         }
         let n = self.numel();
         let classes_row = self.graph.arange(0.0, 1.0, classes, DType::I32)?.reshape_to(&[1, classes])?;

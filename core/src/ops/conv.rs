@@ -1,14 +1,12 @@
-//! Sliding-window ops (NCHW): im2col/col2im, max pooling, and the
-//! counter-based random generators.
+//! Sliding-window ops (NCHW): im2col/col2im and max pooling.
 
 use std::panic::Location;
 
 use super::same_graph;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::graph::{check_rank, Graph, Tensor};
+use crate::graph::Tensor;
 use crate::op::{Op, Window2d};
-use crate::shape::{checked_numel, checked_product, fmt_dims};
+use crate::shape::{checked_product, fmt_dims};
 
 impl Window2d {
     /// A symmetric window: kernel, stride, padding and dilation per axis
@@ -188,33 +186,5 @@ impl<'g> Tensor<'g> {
         }
         let dims = [n, c, h, w];
         self.graph.record(Op::MaxPool2dBackward(window), &[self.id, grad.id], &dims, self.dtype(), Location::caller())
-    }
-}
-
-impl Graph {
-    /// Uniform values in [0, 1): element i is a function of (seed, i) only,
-    /// so every backend draws the same numbers and a replay is exact.
-    #[track_caller]
-    pub fn rand_uniform(&self, dims: &[usize], seed: u64, dtype: DType) -> Result<Tensor<'_>> {
-        self.random(Op::RandUniform { seed }, dims, dtype)
-    }
-
-    /// Standard normal values from the same counter-based generator.
-    #[track_caller]
-    pub fn rand_normal(&self, dims: &[usize], seed: u64, dtype: DType) -> Result<Tensor<'_>> {
-        self.random(Op::RandNormal { seed }, dims, dtype)
-    }
-
-    #[track_caller]
-    fn random(&self, op: Op, dims: &[usize], dtype: DType) -> Result<Tensor<'_>> {
-        check_rank(op.name(), dims)?;
-        if !dtype.is_float() {
-            return Err(Error::dtype(op.name(), format!("random values are float, not {dtype}")));
-        }
-        let numel = checked_numel(op.name(), dims)?;
-        if numel > u32::MAX as usize / 2 {
-            return Err(Error::invalid(op.name(), "the generator's counter is 32-bit: at most 2^31 elements"));
-        }
-        self.record(op, &[], dims, dtype, Location::caller())
     }
 }

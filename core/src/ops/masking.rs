@@ -1,10 +1,14 @@
 //! Masks and pieces, composed from the primitives (OPS.md: "Composed, not
 //! primitive"): `tril`/`triu`, `masked_fill`, a softmax that honours a mask
-//! (fully masked rows give zeros, not NaN), `split`/`chunk`.
+//! (fully masked rows give zeros, not NaN), `split`/`chunk`; and the one
+//! fused primitive among them, `causal_softmax` (the mask as an attribute).
+
+use std::panic::Location;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Tensor};
+use crate::op::Op;
 use crate::shape::fmt_dims;
 
 use super::reduce::normalize_axis;
@@ -127,6 +131,33 @@ impl<'g> Tensor<'g> {
         let total = e.sum(&[axis], true)?;
         let safe = total.eq(0.0)?.where_(1.0, total)?;
         e.div(safe)
+    }
+
+    /// Softmax over the last axis of `self` [..., L, S] where row i keeps
+    /// the keys j with `j - i <= diagonal` (0: PyTorch's `is_causal`;
+    /// S - L: the triangle aligned to the lower right, as a key/value cache
+    /// needs). One primitive (CausalSoftmax): the mask is an attribute, no
+    /// mask tensor is made. Entries of -inf count as masked; a row with
+    /// nothing kept is all zeros, not NaN. The composed
+    /// `masked_softmax(Some(tril_mask(L, S, diagonal)), -1)` is its
+    /// reference.
+    #[track_caller]
+    pub fn causal_softmax(self, diagonal: i64) -> Result<Tensor<'g>> {
+        const OP: &str = "causal_softmax";
+        let d = self.dims();
+        if d.len() < 2 {
+            return Err(Error::shape(OP, format!("needs rank >= 2 ([..., L, S]), got {}", fmt_dims(&d))));
+        }
+        if !self.dtype().is_float() {
+            return Err(Error::dtype(OP, format!("needs a float tensor, got {}", self.dtype())));
+        }
+        // Any diagonal at or beyond S keeps everything, at or below -L
+        // nothing: clamp into that range so it fits the i32 attribute.
+        let (l, s) = (d[d.len() - 2] as i64, d[d.len() - 1] as i64);
+        let diagonal = i32::try_from(diagonal.clamp(-l - 1, s)).map_err(|_| {
+            Error::invalid(OP, format!("{} exceeds the i32 range of the diagonal attribute", fmt_dims(&d)))
+        })?;
+        self.graph.record(Op::CausalSoftmax { diagonal }, &[self.id], &d, self.dtype(), Location::caller())
     }
 
     /// Element-wise NOT of a bool tensor.

@@ -5,6 +5,9 @@
 //! - `reduce`: sum/max/min/prod/argmax/argmin over axis sets
 //! - `linalg`: batched matmul
 //! - `movement`: reshape, permute, expand, slice, concat, index ops
+//! - `conv`: sliding windows (im2col/col2im, max pooling)
+//! - `random`: random tensors (uniform, normal)
+//! - `masking`: tril/triu, masked fill, masked softmax, split/chunk
 //! - `composed`: mean, var, softmax, gelu... built from the primitives
 
 mod composed;
@@ -13,6 +16,7 @@ mod elementwise;
 mod linalg;
 mod masking;
 mod movement;
+mod random;
 mod reduce;
 
 pub use elementwise::IntoOperand;

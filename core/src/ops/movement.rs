@@ -306,11 +306,11 @@ impl<'g> Tensor<'g> {
 
 #[track_caller]
 fn check_index(op: &'static str, index: &Tensor<'_>) -> Result<()> {
-    if index.dtype() != DType::I32 || index.rank() != 1 {
-        return Err(Error::dtype(
-            op,
-            format!("index must be a 1-D i32 tensor, got {} {}", fmt_dims(&index.dims()), index.dtype()),
-        ));
+    if index.dtype() != DType::I32 {
+        return Err(Error::dtype(op, format!("index must be an i32 tensor, got {}", index.dtype())));
+    }
+    if index.rank() != 1 {
+        return Err(Error::shape(op, format!("index must be 1-D, got shape {}", fmt_dims(&index.dims()))));
     }
     Ok(())
 }

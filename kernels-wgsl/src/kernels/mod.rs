@@ -11,6 +11,7 @@ pub(crate) mod movement;
 pub(crate) mod pool;
 pub(crate) mod random;
 pub(crate) mod reduce;
+pub(crate) mod rowwise;
 pub(crate) mod update;
 pub(crate) mod window;
 
@@ -55,6 +56,7 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
         Op::MaxPool2dBackward(w) => pool::max_pool2d_backward(be, &w, arity::<2>(name, ins)?, out),
         Op::RandUniform { seed } => random::random(be, name, "uniform", seed, out),
         Op::RandNormal { seed } => random::random(be, name, "normal", seed, out),
+        Op::CausalSoftmax { diagonal } => rowwise::causal_softmax(be, diagonal, arity::<1>(name, ins)?, out),
         Op::Custom(c) => custom::custom(be, c, ins, out),
     }
 }

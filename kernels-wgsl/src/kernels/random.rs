@@ -3,7 +3,7 @@
 //! kernel reproduces the CPU's bits.
 
 use kiln_core::backend::TensorRef;
-use kiln_core::random::seed_keys;
+use kiln_core::tensor_rng::seed_keys;
 use kiln_core::{DType, Result};
 
 use super::unsupported_dtype;

@@ -6,9 +6,9 @@
 
 use std::time::Instant;
 
+use kiln_core::host_rng::SplitMix64;
 use kiln_core::nn::{cross_entropy, Activation, Module, Sequential};
 use kiln_core::optim::{Adam, Optimizer};
-use kiln_core::rng::SplitMix64;
 use kiln_core::{Device, Graph, Result};
 
 use super::comm::{BucketBuffers, Comm, World};

@@ -410,8 +410,8 @@ fn broadcast_values(comm: &Comm, params: &[Param]) -> Result<()> {
     Ok(())
 }
 
-/// The training loop's view (`kiln::train::run_classifier`).
-impl crate::train::Replicas for DataParallel {
+/// The training loops' view (`kiln train`, `gpt::train_step_with`).
+impl super::Replicas for DataParallel {
     fn rank(&self) -> usize {
         self.comm.rank()
     }

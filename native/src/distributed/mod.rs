@@ -34,6 +34,7 @@
 //! with a message saying which collective stalled.
 
 pub mod buckets;
+mod replicas;
 pub mod sampler;
 
 #[cfg(feature = "mpi")]
@@ -45,6 +46,7 @@ mod data_parallel;
 #[cfg(feature = "mpi")]
 mod handshake;
 
+pub use replicas::{Replicas, SingleProcess};
 pub use sampler::{gather, shard_range, DistributedSampler, Shard};
 
 #[cfg(feature = "mpi")]

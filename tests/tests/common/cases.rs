@@ -9,7 +9,7 @@ use kiln::gradcheck::{gradcheck, gradcheck_on, gradgradcheck, gradgradcheck_on};
 // Re-exported for the suites; not every suite uses every name.
 #[allow(unused_imports)]
 pub use kiln::gradcheck::{case, BoxedFn, Case, CheckInput, GradcheckOptions};
-use kiln::rng::SplitMix64;
+use kiln::host_rng::SplitMix64;
 use kiln::{DType, Device, Graph, Result, Tensor};
 
 /// How large a suite's cases may be. A gradcheck evaluates the function

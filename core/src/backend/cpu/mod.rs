@@ -4,9 +4,9 @@
 //!
 //! This module owns the storage slab, the `Backend` impl and the dispatch from
 //! an `Op` to its kernel family. The kernels live in one module per family:
-//! `elementwise`, `reduce`, `matmul`, `movement`, `index`, `update`; `scalar`
-//! holds the element traits they are generic over and `layout` the strided
-//! iteration they share.
+//! `elementwise`, `reduce`, `matmul`, `movement`, `index`, `update`,
+//! `window`, `rowwise` (CausalSoftmax), `random`; `scalar` holds the element
+//! traits they are generic over and `layout` the strided iteration they share.
 
 mod custom;
 mod elementwise;
@@ -16,6 +16,7 @@ mod matmul;
 mod movement;
 mod random;
 mod reduce;
+mod rowwise;
 mod scalar;
 mod update;
 mod window;
@@ -254,6 +255,7 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>) -> Result<
         Op::MaxPool2dBackward(w) => window::max_pool2d_backward(&w, arity::<2>(name, ins)?, out),
         Op::RandUniform { seed } => random::rand_uniform(seed, out),
         Op::RandNormal { seed } => random::rand_normal(seed, out),
+        Op::CausalSoftmax { diagonal } => rowwise::causal_softmax(diagonal, arity::<1>(name, ins)?, out),
         Op::Custom(c) => custom::custom(c, ins, out),
     }
 }

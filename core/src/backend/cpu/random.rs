@@ -1,17 +1,17 @@
-//! RandUniform and RandNormal: element i = f(seed, i) (see `crate::random`).
+//! RandUniform and RandNormal: element i = f(seed, i) (see `crate::tensor_rng`).
 
 use super::layout::for_chunks;
 use super::{with_float, Out};
 use crate::error::Result;
-use crate::random;
+use crate::tensor_rng;
 
 pub(super) fn rand_uniform(seed: u64, out: &mut Out<'_>) -> Result<()> {
-    let keys = random::seed_keys(seed);
+    let keys = tensor_rng::seed_keys(seed);
     with_float!(out.dtype, "RandUniform", T => {
         for_chunks(out.slice::<T>("RandUniform")?, 1, |s, c| {
             for (i, o) in c.iter_mut().enumerate() {
                 // 24-bit uniforms are exact in f32 and f64.
-                *o = random::uniform(keys, (s + i) as u32) as T;
+                *o = tensor_rng::uniform(keys, (s + i) as u32) as T;
             }
         });
         Ok(())
@@ -19,15 +19,15 @@ pub(super) fn rand_uniform(seed: u64, out: &mut Out<'_>) -> Result<()> {
 }
 
 pub(super) fn rand_normal(seed: u64, out: &mut Out<'_>) -> Result<()> {
-    let keys = random::seed_keys(seed);
+    let keys = tensor_rng::seed_keys(seed);
     match out.dtype {
         crate::dtype::DType::F32 => {
             // The same f32 arithmetic as the WGSL kernel.
             for_chunks(out.slice::<f32>("RandNormal")?, 1, |s, c| {
                 for (i, o) in c.iter_mut().enumerate() {
                     let n = (s + i) as u32;
-                    let u1 = 1.0 - random::uniform(keys, n.wrapping_mul(2)) as f32;
-                    let u2 = random::uniform(keys, n.wrapping_mul(2).wrapping_add(1)) as f32;
+                    let u1 = 1.0 - tensor_rng::uniform(keys, n.wrapping_mul(2)) as f32;
+                    let u2 = tensor_rng::uniform(keys, n.wrapping_mul(2).wrapping_add(1)) as f32;
                     *o = (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
                 }
             });
@@ -36,7 +36,7 @@ pub(super) fn rand_normal(seed: u64, out: &mut Out<'_>) -> Result<()> {
         _ => with_float!(out.dtype, "RandNormal", T => {
             for_chunks(out.slice::<T>("RandNormal")?, 1, |s, c| {
                 for (i, o) in c.iter_mut().enumerate() {
-                    *o = random::normal(keys, (s + i) as u32) as T;
+                    *o = tensor_rng::normal(keys, (s + i) as u32) as T;
                 }
             });
             Ok(())

@@ -1,4 +1,6 @@
-//! A small seeded generator for initialisation and shuffling.
+//! A small seeded generator on the host, drawn in sequence: initial
+//! weights, shuffling, batches. Random *tensors* on a device come from the
+//! counter-based generator in `tensor_rng` instead.
 //!
 //! SplitMix64 (Steele, Lea and Flood, 2014): tiny, fast, and pure wrapping
 //! `u64` arithmetic, so the same seed gives the same numbers on every

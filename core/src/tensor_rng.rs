@@ -1,4 +1,7 @@
-//! The counter-based generator behind RandUniform and RandNormal.
+//! The counter-based generator random *tensors* are drawn from
+//! (`Graph::rand_uniform` / `rand_normal`, the RandUniform and RandNormal
+//! kernels of every backend). For a sequential seeded stream on the host
+//! (initialisation, shuffling) see `host_rng`.
 //!
 //! Element i of a random tensor is a pure function of (seed, i), built from
 //! 32-bit integer operations only, so the WGSL kernels compute the very same

@@ -1,0 +1,54 @@
+//! Row-wise kernels over the last axis: CausalSoftmax. Each row is written
+//! by one loop in index order (max, then the sum of exponentials, then the
+//! quotients), so results are identical run after run at any thread count.
+
+use super::layout::for_chunks_weighted;
+use super::scalar::Num;
+use super::{with_float, In, Out};
+use crate::backend::checks;
+use crate::error::Result;
+use crate::op::{BinaryOp, UnaryOp};
+
+/// Work per element relative to an add (an exp and a divide).
+const COST: usize = 16;
+
+pub(super) fn causal_softmax(diagonal: i32, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+    const OP: &str = "CausalSoftmax";
+    let (rows, cols) = checks::causal_softmax(OP, x.dims, x.dtype, out.dims, out.dtype)?;
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    with_float!(x.dtype, OP, T => {
+        let src = x.slice::<T>(OP)?;
+        for_chunks_weighted(out.slice::<T>(OP)?, cols, COST, |start, chunk| {
+            for (k, dst) in chunk.chunks_exact_mut(cols).enumerate() {
+                let r = start / cols + k;
+                let kept = checks::causal_kept(r % rows, cols, diagonal);
+                softmax_row(&src[r * cols..][..cols], kept, dst);
+            }
+        });
+        Ok(())
+    })
+}
+
+/// Softmax of `x[..kept]` into `dst[..kept]`, zeros after. A row whose kept
+/// entries are all -inf (or that keeps none) is all zeros; a NaN among them
+/// makes the row NaN, as in the plain softmax.
+fn softmax_row<T: Num>(x: &[T], kept: usize, dst: &mut [T]) {
+    let (head, tail) = dst.split_at_mut(kept);
+    tail.fill(T::ZERO);
+    let max = x[..kept].iter().fold(T::from_f64(f64::NEG_INFINITY), |m, &v| m.max(v));
+    if max.to_f64() == f64::NEG_INFINITY {
+        head.fill(T::ZERO);
+        return;
+    }
+    let mut total = T::ZERO;
+    for (d, &v) in head.iter_mut().zip(x) {
+        let e = T::unary(UnaryOp::Exp, T::binary(BinaryOp::Sub, v, max));
+        *d = e;
+        total = total.add(e);
+    }
+    for d in head.iter_mut() {
+        *d = T::binary(BinaryOp::Div, *d, total);
+    }
+}
