@@ -37,6 +37,7 @@
 // and the engine's async `checkpoint`/`gradcheck` functions, whose blocking
 // forms are `kiln::checkpoint` and `kiln::gradcheck` below.
 pub use kiln_core::autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, VjpBackward};
+pub use kiln_core::op::Family;
 pub use kiln_core::{coverage, data, host_rng, nn, optim, shape};
 pub use kiln_core::{
     AxisSet, BackwardOptions, BinaryOp, BufferId, CompareOp, DType, Device, Dims, Element, Error, ErrorKind, Graph,
@@ -138,31 +139,44 @@ impl BlockingParam for Param {
     }
 }
 
-/// Check a custom op (see `kiln_core::op::custom::check_custom_op`): its
-/// forward on a wgpu device, when this machine has one, against the CPU
-/// forward, and its gradient against finite differences (first and second
-/// order in f64 on the CPU; the f32 gradient computed on wgpu). Read the
-/// outcome with `report.passed()`; printing the report says what was
-/// compared. Without a wgpu adapter only the CPU checks run (the report's
-/// `parity` is then empty).
-#[track_caller]
-pub fn check_custom_op(
-    op: kiln_core::op::CustomOp,
-    inputs: &[gradcheck::CheckInput],
-) -> Result<kiln_core::op::custom::CustomOpReport> {
-    let location = std::panic::Location::caller();
-    let devices: Vec<Device> = Device::from_name("wgpu").into_iter().collect();
-    check_custom_op_on(op, inputs, &devices).map_err(|e| e.at(location))
-}
+/// User-defined ops (see `kiln_core::op::custom`): define one with
+/// `CustomOpBuilder`, apply it with `CustomOp::apply`, check it with
+/// `check_custom_op`.
+pub mod custom {
+    pub use kiln_core::op::custom::wgsl::PRELUDE as WGSL_PRELUDE;
+    pub use kiln_core::op::custom::{
+        find, reference, registered, CustomBackward, CustomCheckOptions, CustomOpReport, HostSlice, HostSliceMut,
+        HostView, HostViewMut, Parity, TensorMeta, WgslKernel, MAX_CUSTOM_ARITY,
+    };
+    pub use kiln_core::op::{CustomOp, CustomOpBuilder};
 
-/// `check_custom_op` on the given devices, with default tolerances.
-pub fn check_custom_op_on(
-    op: kiln_core::op::CustomOp,
-    inputs: &[gradcheck::CheckInput],
-    devices: &[Device],
-) -> Result<kiln_core::op::custom::CustomOpReport> {
-    let options = kiln_core::op::custom::CustomCheckOptions::default();
-    pollster::block_on(kiln_core::op::custom::check_custom_op(op, inputs, devices, options))
+    use crate::gradcheck::CheckInput;
+    use crate::{Device, DeviceSelection, Result};
+
+    /// Check a custom op: its forward on a wgpu device, when this machine
+    /// has one, against the CPU forward, and its gradient against finite
+    /// differences (first and second order in f64 on the CPU; the f32
+    /// gradient computed on wgpu). Read the outcome with
+    /// `report.passed()`; printing the report says what was compared.
+    /// Without a wgpu adapter only the CPU checks run (`parity` is empty).
+    #[track_caller]
+    pub fn check_custom_op(op: CustomOp, inputs: &[CheckInput]) -> Result<CustomOpReport> {
+        let location = std::panic::Location::caller();
+        let devices: Vec<Device> = Device::from_name("wgpu").into_iter().collect();
+        check_custom_op_with(op, inputs, &devices, CustomCheckOptions::default()).map_err(|e| e.at(location))
+    }
+
+    /// `check_custom_op` on the given devices with the given tolerances
+    /// (`gradients: false` for a backward that is deliberately not the
+    /// derivative, such as a straight-through estimator).
+    pub fn check_custom_op_with(
+        op: CustomOp,
+        inputs: &[CheckInput],
+        devices: &[Device],
+        options: CustomCheckOptions,
+    ) -> Result<CustomOpReport> {
+        pollster::block_on(kiln_core::op::custom::check_custom_op(op, inputs, devices, options))
+    }
 }
 
 /// Blocking gradient checks (see `kiln_core::gradcheck`).

@@ -6,10 +6,15 @@
 
 mod common;
 
+use kiln::custom::{
+    check_custom_op_with, CustomCheckOptions, CustomOp, CustomOpBuilder, HostSlice, HostSliceMut, HostView, HostViewMut,
+};
 use kiln::gradcheck::{gradcheck, gradcheck_on, gradgradcheck, gradgradcheck_on, CheckInput, GradcheckOptions};
-use kiln::op::custom::{CustomOpBuilder, HostSlice, HostSliceMut, HostView, HostViewMut};
-use kiln::op::{CustomOp, Family};
-use kiln::{check_custom_op_on, Blocking, DType, Device, Error, ErrorKind, Graph, Op, Result};
+use kiln::{Blocking, DType, Device, Error, ErrorKind, Family, Graph, Op, Result};
+
+fn check_on(op: CustomOp, inputs: &[CheckInput], device: &Device) -> kiln::custom::CustomOpReport {
+    check_custom_op_with(op, inputs, &[device.clone()], CustomCheckOptions::default()).unwrap()
+}
 
 /// swish(x) = x · sigmoid(x), in f32 and f64.
 fn swish_cpu(ins: &[HostView<'_>], out: HostViewMut<'_>) -> Result<()> {
@@ -129,8 +134,8 @@ fn the_op_table_describes_a_custom_op() {
     assert_eq!(info.name, "TestSwish");
     assert_eq!(info.family, Family::Custom);
     assert!(info.no_rule.is_none());
-    assert!(kiln::op::custom::registered().contains(&op));
-    assert_eq!(kiln::op::custom::find("TestSwish"), Some(op));
+    assert!(kiln::custom::registered().contains(&op));
+    assert_eq!(kiln::custom::find("TestSwish"), Some(op));
     // The Custom kind is in the table's list, through the reference op.
     assert!(Op::kinds().iter().any(|k| matches!(k, Op::Custom(_))));
     // Its name shows in the coverage report, checked on its sample.
@@ -174,7 +179,7 @@ fn bad_wgsl_is_an_error_at_registration() {
     let err = swish("BadSwish", &SWISH_WGSL.replace("@workgroup_size(256)", "@workgroup_size(64)")).unwrap_err();
     assert!(err.to_string().contains("@workgroup_size(256)"), "{err}");
     // Nothing was registered; the name is still free.
-    assert!(kiln::op::custom::find("BadSwish").is_none());
+    assert!(kiln::custom::find("BadSwish").is_none());
     // Names are unique, built-in ones included.
     let _ = swish_op();
     assert!(swish("TestSwish", SWISH_WGSL).unwrap_err().to_string().contains("already exists"));
@@ -246,11 +251,11 @@ fn wgpu_runs_the_wgsl_kernels_and_check_custom_op_catches_a_mismatch() {
     let cpu = Device::cpu();
     // check_custom_op: parity of both forwards, gradients on both devices.
     let sample = vec![CheckInput::random(&[3, 5], -2.0, 2.0, 7)];
-    let report = check_custom_op_on(swish_op(), &sample, &[wg.clone()]).unwrap();
+    let report = check_on(swish_op(), &sample, &wg);
     assert!(report.passed(), "{report}");
     assert_eq!(report.parity.len(), 1);
     assert_eq!(report.device_gradients.len(), 1);
-    let report = check_custom_op_on(row_sum_op(), &sample, &[wg.clone()]).unwrap();
+    let report = check_on(row_sum_op(), &sample, &wg);
     assert!(report.passed(), "{report}");
     // Gradient and second order through the WGSL forwards on wgpu.
     let options = GradcheckOptions { eps: 1e-6, atol: 1e-4, rtol: 1e-3, ..GradcheckOptions::default() };
@@ -263,17 +268,17 @@ fn wgpu_runs_the_wgsl_kernels_and_check_custom_op_catches_a_mismatch() {
     // A kernel that computes something else (sigmoid(2x) for sigmoid(x)) is
     // caught by the parity check, and the report says where.
     let wrong = swish("TestWrongSwish", &SWISH_WGSL.replace("exp(-v)", "exp(-2.0 * v)")).unwrap();
-    let report = check_custom_op_on(wrong, &sample, &[wg.clone()]).unwrap();
+    let report = check_on(wrong, &sample, &wg);
     assert!(!report.passed(), "{report}");
     assert!(!report.parity[0].passed());
     assert!(report.to_string().contains("MISMATCH"), "{report}");
     // So is a subtler one: ceil for floor moves values on the grid.
     let q = quantiser("TestQuantiser", "floor");
-    let straight = kiln::op::custom::CustomCheckOptions { gradients: false, ..Default::default() };
-    let good = pollster::block_on(kiln::op::custom::check_custom_op(q, &sample, &[wg.clone()], straight)).unwrap();
+    let straight = CustomCheckOptions { gradients: false, ..Default::default() };
+    let good = check_custom_op_with(q, &sample, &[wg.clone()], straight).unwrap();
     assert!(good.passed(), "{good}");
     let q_wrong = quantiser("TestQuantiserCeil", "ceil");
-    let bad = pollster::block_on(kiln::op::custom::check_custom_op(q_wrong, &sample, &[wg.clone()], straight)).unwrap();
+    let bad = check_custom_op_with(q_wrong, &sample, &[wg.clone()], straight).unwrap();
     assert!(!bad.passed(), "{bad}");
 
     // A custom op without a WGSL kernel refuses to run on wgpu, by name.
