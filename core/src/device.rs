@@ -21,6 +21,20 @@ struct DeviceShared {
     id: u64,
     backend: Box<dyn Backend>,
     pool: RefCell<BufferPool>,
+    /// Whether the executor may run independent small nodes at once.
+    parallel_branches: std::cell::Cell<bool>,
+    exec: std::cell::Cell<ExecStats>,
+}
+
+/// What the executor ran on a device (see `Device::exec_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecStats {
+    /// Kernels run (nodes computed).
+    pub kernels: usize,
+    /// Groups of independent kernels given to the backend at once.
+    pub concurrent_batches: usize,
+    /// Kernels run as part of such a group.
+    pub concurrent_kernels: usize,
 }
 
 /// Counters of the pool: the executor tests read these to prove that buffers
@@ -100,6 +114,8 @@ impl Device {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             backend: Box::new(backend),
             pool: RefCell::new(BufferPool { free: vec![Vec::new(); DTYPES * BUCKETS], stats: PoolStats::default() }),
+            parallel_branches: std::cell::Cell::new(true),
+            exec: std::cell::Cell::new(ExecStats::default()),
         }))
     }
 
@@ -109,6 +125,34 @@ impl Device {
 
     pub fn name(&self) -> String {
         self.0.backend.name()
+    }
+
+    /// Let the executor run independent small nodes at the same time when
+    /// the backend can (on by default; the CPU with rayon can). Results are
+    /// bit-identical either way: this is a speed switch, and tests compare
+    /// the two.
+    pub fn set_parallel_branches(&self, on: bool) {
+        self.0.parallel_branches.set(on);
+    }
+
+    pub fn parallel_branches(&self) -> bool {
+        self.0.parallel_branches.get()
+    }
+
+    /// Counts of what the executor ran on this device since it was made.
+    pub fn exec_stats(&self) -> ExecStats {
+        self.0.exec.get()
+    }
+
+    /// Count `kernels` run together (one: alone).
+    pub(crate) fn count_kernels(&self, kernels: usize) {
+        let mut s = self.0.exec.get();
+        s.kernels += kernels;
+        if kernels > 1 {
+            s.concurrent_batches += 1;
+            s.concurrent_kernels += kernels;
+        }
+        self.0.exec.set(s);
     }
 
     /// A number unique to this device in this process.

@@ -13,16 +13,36 @@
 //!
 //! Everything else is freed at its last use. A value freed this way and
 //! requested later is recomputed from the leaves.
+//!
+//! Parallel branches: on a backend that can run several kernels at once
+//! (the CPU with rayon, see `Backend::concurrency`), the executor gives it
+//! the next node together with other *ready* nodes found a bounded
+//! distance ahead (all inputs computed) when each is small enough that the
+//! backend would run it on one thread: the towers of a multi-tower model,
+//! attention heads computed as separate ops, the gradients of separate
+//! parameters. Every kernel computes exactly what it would alone, so the
+//! values are bit-identical to serial execution; only which buffers are
+//! reused, and the order in which the observer hears of nodes, can differ.
+//! Off in wasm (no rayon) and with `Device::set_parallel_branches(false)`.
 
 use smallvec::SmallVec;
 
-use crate::backend::{BufferId, KernelCall, TensorRef};
+use crate::backend::{Backend, BufferId, Concurrency, KernelCall, TensorRef};
+use crate::device::Device;
 use crate::dtype::HostData;
 use crate::error::{Error, Result};
-use crate::graph::{flags, Graph, NodeId, SlabRange, Tensor};
+use crate::graph::{flags, Graph, GraphState, NodeId, SlabRange, Tensor};
 
 const NEEDED: u8 = 1;
 const TARGET: u8 = 2;
+/// Run (or given to the backend) in this execution.
+const RAN: u8 = 4;
+/// The most nodes run at once; what a backend asks for is capped here.
+const MAX_BATCH: usize = 32;
+/// How far past the next node (in id order) the executor looks for ready
+/// nodes to run beside it. Bounds the extra memory live at once: nodes
+/// run early hold their outputs early.
+const LOOKAHEAD: usize = 128;
 
 impl Graph {
     /// Compute the values of `targets` (and only what they need).
@@ -92,76 +112,43 @@ impl Graph {
         }
 
         let keep_saved = !state.differentiated;
+        let concurrency = if device.parallel_branches() { backend.concurrency() } else { None };
+        let mut order = std::mem::take(&mut state.scratch_order);
+        order.clear();
+        order.extend(
+            (0..end).filter(|&id| marks[id] & NEEDED != 0 && state.values[id].is_none()).map(|id| id as NodeId),
+        );
         let mut result = Ok(());
-        for id in 0..end {
-            if marks[id] & NEEDED == 0 || state.values[id].is_some() {
+        let mut pos = 0;
+        while pos < order.len() {
+            let id = order[pos];
+            pos += 1;
+            if marks[id as usize] & RAN != 0 {
                 continue;
             }
-            let node = state.nodes[id];
-            if node.op.is_leaf() {
-                // A leaf without a value cannot happen: leaves get theirs at creation.
-                result = Err(Error::backend(node.op.name(), "leaf has no value").at(node.location));
-                break;
+            let mut batch: SmallVec<[NodeId; MAX_BATCH]> = smallvec::smallvec![id];
+            let parallel = match concurrency {
+                Some(c) => gather_branches(state, backend, c, &order[pos..], &marks, &mut batch),
+                None => false,
+            };
+            for &b in &batch {
+                marks[b as usize] |= RAN;
             }
-            let input_ids = SlabRange::of(&state.input_slab, node.inputs);
-            let dims = SlabRange::of(&state.dims_slab, node.dims);
-            let len: usize = dims.iter().product();
-            let output = match device.take_buffer(node.dtype, len) {
-                Ok(b) => b,
-                Err(e) => {
-                    result = Err(e.for_op(node.op.name()).at(node.location));
+            let step = if parallel { batch.len() } else { 1 };
+            for group in batch.chunks(step) {
+                if let Err(e) = run_batch(&device, state, group, computed) {
+                    result = Err(e);
                     break;
                 }
-            };
-            let inputs: SmallVec<[TensorRef<'_>; 3]> = input_ids
-                .iter()
-                .map(|&i| {
-                    let n = &state.nodes[i as usize];
-                    TensorRef {
-                        buffer: state.values[i as usize].expect("inputs run before their consumers"),
-                        dims: SlabRange::of(&state.dims_slab, n.dims),
-                        dtype: n.dtype,
-                    }
-                })
-                .collect();
-            let call = KernelCall {
-                op: node.op,
-                inputs: &inputs,
-                output: TensorRef { buffer: output, dims, dtype: node.dtype },
-            };
-            if let Err(e) = backend.run(&call) {
-                device.give_back(output, node.dtype, len);
-                result = Err(e.at(node.location));
-                break;
+                for &b in group {
+                    release_inputs(&device, state, b, &mut uses, &marks, keep_saved);
+                }
             }
-            drop(inputs);
-            state.values[id] = Some(output);
-            state.owned.push(id as NodeId);
-            if let Err(e) = computed(id as NodeId, output) {
-                result = Err(e);
+            if result.is_err() {
                 break;
-            }
-
-            // Release inputs whose last consumer this was.
-            for k in 0..node.inputs.len as usize {
-                let input = state.input_slab[node.inputs.start as usize + k] as usize;
-                uses[input] -= 1;
-                if uses[input] > 0 || marks[input] & TARGET != 0 {
-                    continue;
-                }
-                let n = state.nodes[input];
-                let pinned = n.op.is_leaf()
-                    || (keep_saved && n.flags & flags::SAVED != 0)
-                    || n.flags & (flags::RETAIN_GRAD | flags::REQUESTED) != 0;
-                if pinned {
-                    continue;
-                }
-                if let Some(buffer) = state.values[input].take() {
-                    let len = SlabRange::of(&state.dims_slab, n.dims).iter().product();
-                    device.give_back(buffer, n.dtype, len);
-                }
             }
         }
+        state.scratch_order = order;
         state.scratch_marks = marks;
         state.scratch_uses = uses;
         drop(guard);
@@ -182,6 +169,190 @@ impl Graph {
         // The backend snapshots the buffer when `read` is called, so later
         // executions may reuse it while the future is pending.
         self.device().backend().read(buffer, dtype, len).await
+    }
+}
+
+/// Add to `batch` (which holds the next node) the ready nodes among the
+/// next `LOOKAHEAD` of `rest` that the backend would run on one thread, up
+/// to its batch size. Returns whether the batch holds enough work to be
+/// worth a parallel launch; a batch that is not still runs now, one node
+/// after the other, which brings the next level of independent nodes
+/// within reach (the towers' bias additions before their activations).
+fn gather_branches(
+    state: &GraphState,
+    backend: &dyn Backend,
+    c: Concurrency,
+    rest: &[NodeId],
+    marks: &[u8],
+    batch: &mut SmallVec<[NodeId; MAX_BATCH]>,
+) -> bool {
+    // Tiny nodes (a chain of scalar ops) do not pay for the look ahead.
+    let Some(first) = node_work(state, backend, batch[0]).filter(|&w| w >= c.min_node_work) else { return false };
+    let limit = c.max_batch.min(MAX_BATCH);
+    let mut total = first;
+    for &id in rest.iter().take(LOOKAHEAD) {
+        if batch.len() >= limit {
+            break;
+        }
+        let node = &state.nodes[id as usize];
+        if marks[id as usize] & RAN != 0 || node.op.is_leaf() {
+            continue;
+        }
+        let ready = SlabRange::of(&state.input_slab, node.inputs).iter().all(|&i| state.values[i as usize].is_some());
+        if !ready {
+            continue;
+        }
+        if let Some(work) = node_work(state, backend, id) {
+            batch.push(id);
+            total += work;
+        }
+    }
+    total >= c.min_batch_work
+}
+
+/// The backend's estimate of a node's kernel (None: not one to run beside others).
+fn node_work(state: &GraphState, backend: &dyn Backend, id: NodeId) -> Option<usize> {
+    let node = &state.nodes[id as usize];
+    let inputs: SmallVec<[&[usize]; 4]> = SlabRange::of(&state.input_slab, node.inputs)
+        .iter()
+        .map(|&i| SlabRange::of(&state.dims_slab, state.nodes[i as usize].dims))
+        .collect();
+    backend.kernel_work(&node.op, &inputs, SlabRange::of(&state.dims_slab, node.dims))
+}
+
+/// Run the nodes of `batch` (independent of each other; one at a time when
+/// it holds one) and record their values, in id order. On an error, the
+/// nodes before the failing one keep their values; the rest give their
+/// output buffers back.
+fn run_batch(
+    device: &Device,
+    state: &mut GraphState,
+    batch: &[NodeId],
+    computed: &mut dyn FnMut(NodeId, BufferId) -> Result<()>,
+) -> Result<()> {
+    let backend = device.backend();
+    let len_of = |state: &GraphState, id: NodeId| -> usize {
+        SlabRange::of(&state.dims_slab, state.nodes[id as usize].dims).iter().product()
+    };
+    let mut outputs: SmallVec<[BufferId; MAX_BATCH]> = SmallVec::new();
+    let mut failure = None;
+    for &id in batch {
+        let node = state.nodes[id as usize];
+        if node.op.is_leaf() {
+            // A leaf without a value cannot happen: leaves get theirs at creation.
+            failure = Some(Error::backend(node.op.name(), "leaf has no value").at(node.location));
+            break;
+        }
+        match device.take_buffer(node.dtype, len_of(state, id)) {
+            Ok(b) => outputs.push(b),
+            Err(e) => {
+                failure = Some(e.for_op(node.op.name()).at(node.location));
+                break;
+            }
+        }
+    }
+    if let Some(e) = failure {
+        for (&id, &buffer) in batch.iter().zip(&outputs) {
+            device.give_back(buffer, state.nodes[id as usize].dtype, len_of(state, id));
+        }
+        return Err(e);
+    }
+    let results: SmallVec<[Result<()>; MAX_BATCH]> = {
+        let state = &*state;
+        let inputs: SmallVec<[SmallVec<[TensorRef<'_>; 3]>; MAX_BATCH]> = batch
+            .iter()
+            .map(|&id| {
+                SlabRange::of(&state.input_slab, state.nodes[id as usize].inputs)
+                    .iter()
+                    .map(|&i| {
+                        let n = &state.nodes[i as usize];
+                        TensorRef {
+                            buffer: state.values[i as usize].expect("inputs run before their consumers"),
+                            dims: SlabRange::of(&state.dims_slab, n.dims),
+                            dtype: n.dtype,
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let calls: SmallVec<[KernelCall<'_>; MAX_BATCH]> = batch
+            .iter()
+            .zip(&outputs)
+            .zip(&inputs)
+            .map(|((&id, &output), inputs)| {
+                let node = &state.nodes[id as usize];
+                KernelCall {
+                    op: node.op,
+                    inputs,
+                    output: TensorRef {
+                        buffer: output,
+                        dims: SlabRange::of(&state.dims_slab, node.dims),
+                        dtype: node.dtype,
+                    },
+                }
+            })
+            .collect();
+        device.count_kernels(calls.len());
+        if let [call] = calls.as_slice() {
+            smallvec::smallvec![backend.run(call)]
+        } else {
+            let mut results: SmallVec<[Result<()>; MAX_BATCH]> = backend.run_many(&calls).into_iter().collect();
+            results.resize_with(calls.len(), || {
+                Err(Error::backend("run_many", "the backend ran fewer kernels than asked"))
+            });
+            results
+        }
+    };
+    for ((&id, &buffer), result) in batch.iter().zip(&outputs).zip(results) {
+        let node = state.nodes[id as usize];
+        if failure.is_some() {
+            device.give_back(buffer, node.dtype, len_of(state, id));
+            continue;
+        }
+        match result {
+            Err(e) => {
+                device.give_back(buffer, node.dtype, len_of(state, id));
+                failure = Some(e.at(node.location));
+            }
+            Ok(()) => {
+                state.values[id as usize] = Some(buffer);
+                state.owned.push(id);
+                if let Err(e) = computed(id, buffer) {
+                    failure = Some(e);
+                }
+            }
+        }
+    }
+    failure.map_or(Ok(()), Err)
+}
+
+/// Release the inputs of `id` whose last consumer it was.
+fn release_inputs(
+    device: &Device,
+    state: &mut GraphState,
+    id: NodeId,
+    uses: &mut [u32],
+    marks: &[u8],
+    keep_saved: bool,
+) {
+    let node = state.nodes[id as usize];
+    for k in 0..node.inputs.len as usize {
+        let input = state.input_slab[node.inputs.start as usize + k] as usize;
+        uses[input] -= 1;
+        if uses[input] > 0 || marks[input] & TARGET != 0 {
+            continue;
+        }
+        let n = state.nodes[input];
+        let pinned = n.op.is_leaf()
+            || (keep_saved && n.flags & flags::SAVED != 0)
+            || n.flags & (flags::RETAIN_GRAD | flags::REQUESTED) != 0;
+        if pinned {
+            continue;
+        }
+        if let Some(buffer) = state.values[input].take() {
+            let len = SlabRange::of(&state.dims_slab, n.dims).iter().product();
+            device.give_back(buffer, n.dtype, len);
+        }
     }
 }
 

@@ -103,6 +103,7 @@ pub(crate) struct GraphState {
     /// Executor scratch, reused between executions.
     pub scratch_uses: Vec<u32>,
     pub scratch_marks: Vec<u8>,
+    pub scratch_order: Vec<NodeId>,
 }
 
 /// A lazy computation graph for one step. See the module docs.
@@ -216,6 +217,7 @@ impl Graph {
                 vjps: Vec::new(),
                 scratch_uses: Vec::new(),
                 scratch_marks: Vec::new(),
+                scratch_order: Vec::new(),
             }),
             grad_enabled: Cell::new(true),
             identity: NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),

@@ -27,8 +27,8 @@ pub mod shape;
 pub mod tensor_rng;
 
 pub use autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, BackwardOptions};
-pub use backend::{Backend, BufferId, KernelCall, ParamUpdate, TensorRef};
-pub use device::{Device, PoolStats};
+pub use backend::{Backend, BufferId, Concurrency, KernelCall, ParamUpdate, TensorRef};
+pub use device::{Device, ExecStats, PoolStats};
 pub use dtype::{DType, Element, HostData};
 pub use error::{Error, ErrorKind, Result};
 pub use graph::{Graph, NoGradGuard, NodeId, Tensor, TensorId};

@@ -269,6 +269,86 @@ pub fn ckpt_gpt(
     Ok(results)
 }
 
+/// The towers model of the BRANCH workload: `towers` independent MLPs
+/// (32 → width → width → 8, tanh) reading the same input, their outputs
+/// summed. Every matmul is small (batch · width · width < one GEMM's
+/// parallel threshold), so it is where parallel branches matter.
+pub fn towers_model(device: &Device, towers: usize, width: usize, seed: u64) -> Result<Vec<Sequential>> {
+    (0..towers).map(|t| Sequential::mlp(device, &[32, width, width, 8], Activation::Tanh, seed + t as u64)).collect()
+}
+
+/// One training step of the towers model (MSE to a fixed target, SGD-free:
+/// gradients only), returning the loss bits.
+pub fn towers_step(graph: &Graph, towers: &[Sequential], batch: usize) -> Result<u32> {
+    let x = graph.tensor_from(&random_vec(batch * 32, 3), &[batch, 32])?;
+    let target = graph.tensor_from(&random_vec(batch * 8, 4), &[batch, 8])?;
+    let mut sum = None;
+    for t in towers {
+        let y = t.forward(x)?;
+        sum = Some(match sum {
+            None => y,
+            Some(s) => y.add(s)?,
+        });
+    }
+    let sum = sum.ok_or_else(|| kiln_core::Error::invalid("bench", "no towers"))?;
+    let loss = sum.sub(target)?.square()?.mean_all()?;
+    for t in towers {
+        for p in t.parameters() {
+            p.zero_grad();
+        }
+    }
+    loss.backward()?;
+    Ok((loss.item_blocking()? as f32).to_bits())
+}
+
+/// BRANCH: step time of the towers model with the executor's parallel
+/// branches off (serial) and on, same model and data; the losses must be
+/// bit-identical.
+pub fn branches(
+    device: &Device,
+    backend: &str,
+    towers: usize,
+    width: usize,
+    batch: usize,
+    counted: usize,
+) -> Result<Vec<BenchResult>> {
+    let model = towers_model(device, towers, width, 1)?;
+    let mut results = Vec::new();
+    let mut medians = Vec::new();
+    let mut losses = Vec::new();
+    let before = device.exec_stats();
+    for on in [false, true] {
+        device.set_parallel_branches(on);
+        let mut graph = Graph::new(device);
+        let mut loss = 0;
+        let times = time_runs(3, counted, || {
+            graph.reset();
+            loss = towers_step(&graph, &model, batch)?;
+            Ok(())
+        });
+        device.set_parallel_branches(true);
+        let r = summarize("BRANCH", backend, times?, String::new());
+        medians.push(r.median_ms);
+        losses.push(loss);
+        results.push((on, r));
+    }
+    let stats = device.exec_stats();
+    let grouped = stats.concurrent_kernels - before.concurrent_kernels;
+    let identical = losses[0] == losses[1];
+    let speedup = medians[0] / medians[1];
+    for (on, r) in &mut results {
+        r.notes = format!(
+            "towers={towers} width={width} batch={batch} parallel_branches={} speedup={speedup:.2} \
+             kernels_run_concurrently={grouped} losses_bit_identical={identical}",
+            if *on { "on" } else { "off" }
+        );
+    }
+    if !identical {
+        return Err(kiln_core::Error::backend("bench", format!("BRANCH: losses differ: {losses:?}")));
+    }
+    Ok(results.into_iter().map(|(_, r)| r).collect())
+}
+
 /// Memory at one point of a soak run.
 #[derive(Clone, Copy, Debug)]
 pub struct MemorySample {

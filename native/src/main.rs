@@ -199,7 +199,7 @@ struct BenchArgs {
     #[arg(long, env = "KILN_DEVICE", default_value = "cpu")]
     device: String,
     /// Workloads to run (W1, W2, W3, W4, CKPT = activation checkpointing on
-    /// the char-level GPT; with --distributed: allreduce, W1).
+    /// the char-level GPT, BRANCH = parallel branches on 8 towers; with --distributed: allreduce, W1).
     #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
     /// Instead of the workloads: N W1 training steps (after 50 warm-up
@@ -579,8 +579,28 @@ fn run_bench(args: BenchArgs) -> Result<()> {
                 }
                 continue;
             }
+            // Parallel branches: 8 towers of small matmuls, serial vs
+            // concurrent (the CPU executor; other backends run it serially).
+            "BRANCH" => {
+                let size: Vec<usize> = std::env::var("KILN_BRANCH_SIZE")
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                let (towers, width, batch) = match size[..] {
+                    [t, w, b] => (t, w, b),
+                    _ => (8, 64, 32),
+                };
+                for r in bench::branches(&device, backend, towers, width, batch, 30)? {
+                    println!("{}", r.json());
+                }
+                continue;
+            }
             other => {
-                return Err(Error::invalid("bench", format!("unknown workload {other}; use W1, W2, W3, W4 or CKPT")))
+                return Err(Error::invalid(
+                    "bench",
+                    format!("unknown workload {other}; use W1, W2, W3, W4, CKPT or BRANCH"),
+                ))
             }
         };
         println!("{}", result.json());

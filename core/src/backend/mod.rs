@@ -56,6 +56,20 @@ pub enum ParamUpdate {
     Adam { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, decoupled_weight_decay: bool, step: u64 },
 }
 
+/// How a backend runs several kernels at once (see `Backend::concurrency`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Concurrency {
+    /// The most kernels in one `run_many` call.
+    pub max_batch: usize,
+    /// The executor looks for independent nodes to run beside the next one
+    /// only when that one has at least this much work (see
+    /// `Backend::kernel_work`): a chain of tiny ops does not pay for it.
+    pub min_node_work: usize,
+    /// A batch of less total work runs on this thread, one node after the
+    /// other, instead of at once.
+    pub min_batch_work: usize,
+}
+
 pub type ReadFuture = Pin<Box<dyn Future<Output = Result<HostData>>>>;
 
 pub trait Backend {
@@ -74,6 +88,23 @@ pub trait Backend {
     /// Run (or record) one kernel. Shapes and dtypes have been validated when
     /// the node was built; data-dependent checks (index ranges) happen here.
     fn run(&self, call: &KernelCall<'_>) -> Result<()>;
+    /// Whether this backend can run several independent kernels at once
+    /// (`run_many`), and on what terms. None: one at a time.
+    fn concurrency(&self) -> Option<Concurrency> {
+        None
+    }
+    /// The work of a kernel (in units of about one add) when this backend
+    /// would run it on one thread, so that running it beside others gains;
+    /// None for kernels that use every thread themselves.
+    fn kernel_work(&self, _op: &Op, _inputs: &[&[usize]], _output: &[usize]) -> Option<usize> {
+        None
+    }
+    /// Run kernels none of which reads another's output, possibly at the
+    /// same time; one result per call, in order. Each must compute exactly
+    /// what `run` would.
+    fn run_many(&self, calls: &[KernelCall<'_>]) -> Vec<Result<()>> {
+        calls.iter().map(|c| self.run(c)).collect()
+    }
     /// Update a parameter in place from its gradient.
     fn update_param(
         &self,

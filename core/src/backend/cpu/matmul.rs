@@ -13,7 +13,7 @@ const SMALL_GEMM_WORK: usize = 8 * 8 * 8;
 
 /// m * n * k from which one GEMM uses every thread.
 #[cfg(feature = "rayon")]
-const PAR_GEMM_WORK: usize = 64 * 64 * 64;
+pub(super) const PAR_GEMM_WORK: usize = 64 * 64 * 64;
 
 pub(super) fn matmul(ta: bool, tb: bool, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "MatMul";

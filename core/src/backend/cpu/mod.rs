@@ -8,6 +8,8 @@
 //! `window`, `rowwise` (CausalSoftmax), `random`; `scalar` holds the element
 //! traits they are generic over and `layout` the strided iteration they share.
 
+#[cfg(feature = "rayon")]
+mod concurrent;
 mod custom;
 mod elementwise;
 mod index;
@@ -25,7 +27,7 @@ use std::cell::RefCell;
 
 use smallvec::SmallVec;
 
-use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+use crate::backend::{checks, Backend, BufferId, Concurrency, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::memory::try_vec;
@@ -385,6 +387,21 @@ impl Backend for CpuBackend {
         })();
         slab[out_id.0 as usize] = Some(out_storage);
         result
+    }
+
+    #[cfg(feature = "rayon")]
+    fn concurrency(&self) -> Option<Concurrency> {
+        concurrent::concurrency()
+    }
+
+    #[cfg(feature = "rayon")]
+    fn kernel_work(&self, op: &Op, inputs: &[&[usize]], output: &[usize]) -> Option<usize> {
+        concurrent::kernel_work(op, inputs, output)
+    }
+
+    #[cfg(feature = "rayon")]
+    fn run_many(&self, calls: &[KernelCall<'_>]) -> Vec<Result<()>> {
+        concurrent::run_many(self, calls)
     }
 
     fn update_param(
