@@ -582,6 +582,7 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             // Parallel branches: 8 towers of small matmuls, serial vs
             // concurrent (the CPU executor; other backends run it serially).
             "BRANCH" => {
+                // KILN_BRANCH_SIZE=towers,width,batch tries other sizes.
                 let size: Vec<usize> = std::env::var("KILN_BRANCH_SIZE")
                     .unwrap_or_default()
                     .split(',')
