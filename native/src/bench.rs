@@ -85,12 +85,25 @@ fn training_steps(
     warmup: usize,
     counted: usize,
 ) -> Result<Vec<f64>> {
+    time_runs(warmup, counted, training_step(device, model, batch, seed)?)
+}
+
+/// One training step of `model` per call (forward, cross-entropy, backward,
+/// Adam at 1e-3, loss read back, a fresh graph each time as a training loop
+/// builds it) on one fixed random batch of `batch` 784-pixel images and
+/// labels below 10, drawn from `seed` and `seed + 1`.
+fn training_step<'a>(
+    device: &'a Device,
+    model: &'a Sequential,
+    batch: usize,
+    seed: u64,
+) -> Result<impl FnMut() -> Result<()> + 'a> {
     let mut optimizer = Adam::new(model.parameters(), 1e-3)?;
     let images = random_vec(batch * 784, seed);
     let mut rng = SplitMix64::new(seed + 1);
     let labels: Vec<i32> = (0..batch).map(|_| rng.below(10) as i32).collect();
     let mut graph = Graph::new(device);
-    time_runs(warmup, counted, || {
+    Ok(move || {
         graph.reset();
         let x = graph.tensor_from(&images, &[batch, 784])?;
         let y = graph.tensor_from(&labels, &[batch])?;
@@ -482,23 +495,7 @@ fn sample(device: &Device, step: usize) -> MemorySample {
 /// buffers, pipelines nor host allocations.
 pub fn soak(device: &Device, backend: &str, steps: usize, warmup: usize) -> Result<SoakReport> {
     let model = Sequential::mlp(device, &[784, 512, 512, 10], Activation::Relu, 1)?;
-    let mut optimizer = Adam::new(model.parameters(), 1e-3)?;
-    let batch = 128;
-    let images = random_vec(batch * 784, 2);
-    let mut rng = SplitMix64::new(3);
-    let labels: Vec<i32> = (0..batch).map(|_| rng.below(10) as i32).collect();
-    let mut graph = Graph::new(device);
-    let mut step = || -> Result<()> {
-        graph.reset();
-        let x = graph.tensor_from(&images, &[batch, 784])?;
-        let y = graph.tensor_from(&labels, &[batch])?;
-        let loss = cross_entropy(model.forward(x)?, y)?;
-        optimizer.zero_grad();
-        loss.backward()?;
-        optimizer.step()?;
-        loss.item_blocking()?;
-        Ok(())
-    };
+    let mut step = training_step(device, &model, 128, 2)?;
     for _ in 0..warmup {
         step()?;
     }

@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use super::layout::PAR_THRESHOLD;
 use super::matmul::PAR_GEMM_WORK;
-use super::{dispatch, CpuBackend, CpuStorage, In, Out};
+use super::{CpuBackend, CpuStorage};
 use crate::backend::{Concurrency, KernelCall};
 use crate::error::Result;
 use crate::op::{Family, Op};
@@ -72,20 +72,8 @@ pub(super) fn run_many(be: &CpuBackend, calls: &[KernelCall<'_>]) -> Vec<Result<
     let results: Vec<Result<()>> = {
         let slab = &*slab;
         let run = |call: &KernelCall<'_>, storage: &mut Result<CpuStorage>| -> Result<()> {
-            let name = call.op.name();
             let storage = storage.as_mut().map_err(|e| e.clone())?;
-            CpuBackend::check(name, &call.output, storage)?;
-            let mut ins: SmallVec<[In<'_>; 4]> = SmallVec::with_capacity(call.inputs.len());
-            for t in call.inputs {
-                let s = slab
-                    .get(t.buffer.0 as usize)
-                    .and_then(Option::as_ref)
-                    .ok_or_else(|| CpuBackend::missing(name, t.buffer))?;
-                CpuBackend::check(name, t, s)?;
-                ins.push(In { data: s, dims: t.dims, dtype: t.dtype });
-            }
-            let mut out = Out { data: storage, dims: call.output.dims, dtype: call.output.dtype };
-            dispatch(call, &ins, &mut out)
+            CpuBackend::run_taken(slab, call, storage)
         };
         // One group of calls per thread, balanced by estimated work (the
         // largest first, each to the lightest group); this thread runs the

@@ -206,6 +206,23 @@ impl CpuBackend {
         )
     }
 
+    /// Checks `call`'s buffers and runs its kernel into `out_storage`, which
+    /// the caller has taken out of `slab` so that the inputs can be borrowed
+    /// from the slab while the output is written (serially or concurrently).
+    fn run_taken(slab: &[Option<CpuStorage>], call: &KernelCall<'_>, out_storage: &mut CpuStorage) -> Result<()> {
+        let name = call.op.name();
+        Self::check(name, &call.output, out_storage)?;
+        let mut ins: SmallVec<[In<'_>; 4]> = SmallVec::with_capacity(call.inputs.len());
+        for t in call.inputs {
+            let s =
+                slab.get(t.buffer.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing(name, t.buffer))?;
+            Self::check(name, t, s)?;
+            ins.push(In { data: s, dims: t.dims, dtype: t.dtype });
+        }
+        let mut out = Out { data: out_storage, dims: call.output.dims, dtype: call.output.dtype };
+        dispatch(call, &ins, &mut out)
+    }
+
     /// Check a tensor's dtype and length against the storage that holds it.
     fn check(op: &'static str, t: &TensorRef<'_>, s: &CpuStorage) -> Result<()> {
         if s.dtype() != t.dtype {
@@ -371,20 +388,7 @@ impl Backend for CpuBackend {
         // the kernel returned.
         let mut out_storage =
             slab.get_mut(out_id.0 as usize).and_then(Option::take).ok_or_else(|| Self::missing(name, out_id))?;
-        let result = (|| {
-            Self::check(name, &call.output, &out_storage)?;
-            let mut ins: SmallVec<[In<'_>; 4]> = SmallVec::with_capacity(call.inputs.len());
-            for t in call.inputs {
-                let s = slab
-                    .get(t.buffer.0 as usize)
-                    .and_then(Option::as_ref)
-                    .ok_or_else(|| Self::missing(name, t.buffer))?;
-                Self::check(name, t, s)?;
-                ins.push(In { data: s, dims: t.dims, dtype: t.dtype });
-            }
-            let mut out = Out { data: &mut out_storage, dims: call.output.dims, dtype: call.output.dtype };
-            dispatch(call, &ins, &mut out)
-        })();
+        let result = Self::run_taken(&slab, call, &mut out_storage);
         slab[out_id.0 as usize] = Some(out_storage);
         result
     }
