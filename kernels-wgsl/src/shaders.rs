@@ -25,9 +25,10 @@ pub const WINDOW: &str = include_str!("shaders/window.wgsl");
 pub const POOL: &str = include_str!("shaders/pool.wgsl");
 pub const RANDOM: &str = include_str!("shaders/random.wgsl");
 pub const ROWWISE: &str = include_str!("shaders/rowwise.wgsl");
+pub const TRIG: &str = include_str!("shaders/trig.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 15] = [
+pub const FILES: [(&str, &str); 16] = [
     ("common.wgsl", COMMON),
     ("fill.wgsl", FILL),
     ("unary.wgsl", UNARY),
@@ -43,6 +44,7 @@ pub const FILES: [(&str, &str); 15] = [
     ("pool.wgsl", POOL),
     ("random.wgsl", RANDOM),
     ("rowwise.wgsl", ROWWISE),
+    ("trig.wgsl", TRIG),
 ];
 
 /// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
@@ -150,7 +152,15 @@ impl Kernel {
                 };
                 fill(FILL, &[("{T}", t.wgsl()), ("{FROM_F32}", from_f32), ("{FROM_I32}", from_i32)])
             }
-            Kernel::Unary(op, t) => fill(UNARY, &[("{T}", t.wgsl()), ("{EXPR}", unary_expr(op, t)?)]),
+            Kernel::Unary(op, t) => {
+                let body = fill(UNARY, &[("{T}", t.wgsl()), ("{EXPR}", unary_expr(op, t)?)]);
+                // Only Sin and Cos need trig.wgsl's argument reduction.
+                if matches!(op, UnaryOp::Sin | UnaryOp::Cos) {
+                    format!("{TRIG}\n{body}")
+                } else {
+                    body
+                }
+            }
             Kernel::Binary(op, t) => {
                 fill(BINARY, &[("{TI}", t.wgsl()), ("{TO}", t.wgsl()), ("{EXPR}", binary_expr(op, t)?)])
             }
@@ -206,8 +216,8 @@ pub fn unary_expr(op: UnaryOp, t: Ty) -> Option<&'static str> {
             UnaryOp::Log => "log(v)",
             UnaryOp::Sqrt => "sqrt(v)",
             UnaryOp::Recip => "1.0 / v",
-            UnaryOp::Sin => "sin(v)",
-            UnaryOp::Cos => "cos(v)",
+            UnaryOp::Sin => "kiln_sin(v)",
+            UnaryOp::Cos => "kiln_cos(v)",
             UnaryOp::Tanh => "op_tanh(v)",
             UnaryOp::Sigmoid => "op_sigmoid(v)",
             UnaryOp::Relu => "op_relu_f(v)",
