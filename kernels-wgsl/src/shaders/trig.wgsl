@@ -209,15 +209,16 @@ fn kiln_cos_poly(r: f32, r_lo: f32) -> f32 {
     return w + (((1.0 - w) - hz) + (z * z * (KILN_C1 + z * (KILN_C2 + z * KILN_C3)) - r * r_lo));
 }
 
-fn kiln_trig_nan() -> f32 {
-    // A runtime NaN (see binary.wgsl's pow_f on constant NaNs).
-    return bitcast<f32>(0x7fc00000u);
+// NaN for x = ±inf or NaN, made from x's bits at run time: a constant NaN
+// is a shader compile error in Tint (Chrome), and x - x may be folded to 0.
+fn kiln_trig_nan(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) | 0x7fc00000u);
 }
 
 fn kiln_sin(x: f32) -> f32 {
     let a = abs(x);
     if ((bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u) {
-        return kiln_trig_nan();
+        return kiln_trig_nan(x);
     }
     if (a < 0.000244140625) {
         return x;
@@ -236,7 +237,7 @@ fn kiln_sin(x: f32) -> f32 {
 fn kiln_cos(x: f32) -> f32 {
     let a = abs(x);
     if ((bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u) {
-        return kiln_trig_nan();
+        return kiln_trig_nan(x);
     }
     if (a < 0.000244140625) {
         return 1.0;
