@@ -149,6 +149,8 @@ export { saveCheckpoint, loadCheckpoint };
 export function init() { return Promise.resolve(); }
 `);
 fs.writeFileSync(path.join(pkg, 'index.d.ts'), `export { ${names.join(', ')} } from './web/kiln_web.js';
+/** Type-only declarations of the wasm module (custom ops). */
+export type { CustomOpSpec, HostTypedArray } from './web/kiln_web.js';
 /** The broad kinds of mistake kiln reports. */
 export type KilnErrorKind = 'Shape' | 'DType' | 'OutOfRange' | 'InvalidArgument' | 'Autograd' | 'Backend' | 'Unsupported' | 'Io' | 'StaleTensor';
 /** What kiln throws (and Promises reject with): kind says what sort of mistake, op which operation refused. */
