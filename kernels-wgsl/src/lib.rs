@@ -29,6 +29,7 @@ mod geometry;
 mod kernels;
 mod pipelines;
 mod readback;
+pub mod params;
 pub mod shaders;
 
 use std::cell::RefCell;
