@@ -27,9 +27,9 @@ mod buffers;
 mod context;
 mod geometry;
 mod kernels;
+pub mod params;
 mod pipelines;
 mod readback;
-pub mod params;
 pub mod shaders;
 
 use std::cell::RefCell;

@@ -275,11 +275,21 @@ mod tests {
         let wgsl = wgsl_structs();
         for host in host_layouts() {
             let matches: Vec<_> = wgsl.iter().filter(|(n, ..)| n == host.name).collect();
-            assert_eq!(matches.len(), 1, "struct {} is declared {} times (differently) in the WGSL", host.name, matches.len());
+            assert_eq!(
+                matches.len(),
+                1,
+                "struct {} is declared {} times (differently) in the WGSL",
+                host.name,
+                matches.len()
+            );
             let (_, span, members) = matches[0];
             assert_eq!(*span as usize, host.size, "struct {}: WGSL size {span}, host size {}", host.name, host.size);
             let wgsl_fields: Vec<(&str, usize)> = members.iter().map(|(n, o)| (n.as_str(), *o as usize)).collect();
-            assert_eq!(wgsl_fields, host.fields, "struct {}: fields and offsets differ (left WGSL, right host)", host.name);
+            assert_eq!(
+                wgsl_fields, host.fields,
+                "struct {}: fields and offsets differ (left WGSL, right host)",
+                host.name
+            );
         }
     }
 
@@ -305,7 +315,8 @@ mod tests {
         let p = Rowwise { rows: 3, l: 4, s: 5, diagonal: -1 };
         assert_eq!(words(&p), &[3, 4, 5, u32::MAX]);
         // A test that can fail: the layout check notices a reordered struct.
-        let reordered = Layout { name: "Rowwise", size: 16, fields: vec![("l", 0), ("rows", 4), ("s", 8), ("diagonal", 12)] };
+        let reordered =
+            Layout { name: "Rowwise", size: 16, fields: vec![("l", 0), ("rows", 4), ("s", 8), ("diagonal", 12)] };
         let wgsl = wgsl_structs();
         let (_, _, members) = wgsl.iter().find(|(n, ..)| n == reordered.name).unwrap();
         let wgsl_fields: Vec<(&str, usize)> = members.iter().map(|(n, o)| (n.as_str(), *o as usize)).collect();

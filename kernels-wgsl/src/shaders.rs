@@ -240,7 +240,10 @@ pub fn specialise(file: &str, decls: &[String]) -> String {
             start
         } else {
             start
-                + lines[start..].iter().position(|l| *l == "}").unwrap_or_else(|| panic!("`fn {name}` has no closing line"))
+                + lines[start..]
+                    .iter()
+                    .position(|l| *l == "}")
+                    .unwrap_or_else(|| panic!("`fn {name}` has no closing line"))
         };
         replaced.splice(start..=end, [decl.clone()]);
         lines.splice(start..=end, [""]);
@@ -369,7 +372,15 @@ fn reduce(op: ReduceOp, t: Ty) -> Option<String> {
 
 /// Every variant the backend can generate.
 pub fn all_kernels() -> Vec<Kernel> {
-    let mut v = vec![Kernel::MatMul, Kernel::Chunks, Kernel::Copy, Kernel::Update, Kernel::Pool, Kernel::Random, Kernel::Rowwise];
+    let mut v = vec![
+        Kernel::MatMul,
+        Kernel::Chunks,
+        Kernel::Copy,
+        Kernel::Update,
+        Kernel::Pool,
+        Kernel::Random,
+        Kernel::Rowwise,
+    ];
     for t in Ty::ALL {
         v.push(Kernel::Window(t));
         v.push(Kernel::Fill(t));
@@ -479,9 +490,13 @@ mod tests {
     /// Specialising replaces whole declarations and refuses unknown ones.
     #[test]
     fn specialise_replaces_whole_declarations() {
-        let file = "alias T = f32;\n\nfn op(v: T) -> T {\n    return v;\n}\n\nfn op_two(v: T) -> T {\n    return v;\n}\n";
+        let file =
+            "alias T = f32;\n\nfn op(v: T) -> T {\n    return v;\n}\n\nfn op_two(v: T) -> T {\n    return v;\n}\n";
         let s = specialise(file, &[alias("T", Ty::I32), "fn op(v: T) -> T {\n    return -v;\n}".to_string()]);
-        assert_eq!(s, "alias T = i32;\n\nfn op(v: T) -> T {\n    return -v;\n}\n\nfn op_two(v: T) -> T {\n    return v;\n}\n");
+        assert_eq!(
+            s,
+            "alias T = i32;\n\nfn op(v: T) -> T {\n    return -v;\n}\n\nfn op_two(v: T) -> T {\n    return v;\n}\n"
+        );
         let missing = std::panic::catch_unwind(|| specialise(file, &["fn nope() {\n}".to_string()]));
         assert!(missing.is_err());
     }
@@ -493,9 +508,8 @@ mod tests {
             for (i, line) in text.lines().enumerate() {
                 let code = line.split("//").next().unwrap();
                 let numbered = ["p[", "pf("].iter().any(|word| {
-                    code.match_indices(word).any(|(at, _)| {
-                        !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_')
-                    })
+                    code.match_indices(word)
+                        .any(|(at, _)| !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
                 });
                 assert!(!numbered, "{name}:{}: {line}", i + 1);
             }
