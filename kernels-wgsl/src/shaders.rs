@@ -466,8 +466,12 @@ mod tests {
     }
 
     /// Every entry point of every variant runs WG threads per workgroup (the
-    /// host's dispatch arithmetic assumes it), and takes common.wgsl's
-    /// `Lane` or, for the 2-D matmul tile, the workgroup and local ids.
+    /// host's dispatch arithmetic assumes it), and no entry point takes a
+    /// struct that mixes per-thread builtins into per-workgroup ones:
+    /// browsers' WGSL compilers (Tint) then treat the whole struct as
+    /// per-thread, and a kernel that branches on its workgroup number
+    /// before a `workgroupBarrier` is refused as non-uniform (naga accepts
+    /// it, so this checks the shape instead).
     #[test]
     fn every_entry_point_uses_the_one_workgroup_size() {
         for k in all_kernels() {
@@ -476,6 +480,17 @@ mod tests {
             for e in &module.entry_points {
                 let [x, y, z] = e.workgroup_size;
                 assert_eq!(x * y * z, WG, "{k:?}::{} has workgroup size {x} x {y} x {z}", e.name);
+                for arg in &e.function.arguments {
+                    if let naga::TypeInner::Struct { members, .. } = &module.types[arg.ty].inner {
+                        for m in members {
+                            let uniform = matches!(
+                                m.binding,
+                                Some(naga::Binding::BuiltIn(naga::BuiltIn::WorkGroupId | naga::BuiltIn::NumWorkGroups))
+                            );
+                            assert!(uniform, "{k:?}::{}: struct input member {:?} is per-thread", e.name, m.name);
+                        }
+                    }
+                }
             }
         }
         // The constant the files use is the host's.

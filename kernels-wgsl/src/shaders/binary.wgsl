@@ -84,8 +84,8 @@ fn pow_f(a: f32, b: f32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn main(lane: Lane) {
-    let i = flat_id(lane);
+fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }

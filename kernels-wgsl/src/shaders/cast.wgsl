@@ -21,8 +21,8 @@ fn convert(v: TI) -> TO {
 @group(0) @binding(2) var<storage, read_write> out: array<TO>;
 
 @compute @workgroup_size(WG)
-fn main(lane: Lane) {
-    let i = flat_id(lane);
+fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }

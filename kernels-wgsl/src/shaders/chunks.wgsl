@@ -30,9 +30,9 @@ struct Chunks {
 const FAN_IN: u32 = 64u;
 
 @compute @workgroup_size(WG)
-fn combine(lane: Lane) {
+fn combine(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let outputs = params.outputs;
-    let t = flat_id(lane);
+    let t = flat_id(wg, lid);
     let o = t % outputs;
     let g = t / outputs;
     let first = g * FAN_IN;
@@ -61,8 +61,8 @@ fn combine(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn accumulate(lane: Lane) {
-    let o = flat_id(lane);
+fn accumulate(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let o = flat_id(wg, lid);
     if (o < params.outputs) {
         out[o] = out[o] + a[o];
     }

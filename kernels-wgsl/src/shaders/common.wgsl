@@ -11,8 +11,9 @@
 //
 // Launch: one-dimensional launches of WG-thread workgroups are folded into
 // a 2-D grid (x <= the adapter's per-dimension limit, usually 65,535; y as
-// needed). Every entry point takes a `Lane` and `flat_id` turns it back into
-// one linear index; kernels return early for indices past their count.
+// needed). Every entry point takes the same inputs, a `Workgroup` and the
+// thread's `local_invocation_index`; `flat_id` turns them back into one
+// linear index, and kernels return early for indices past their count.
 
 // Threads per workgroup of every kernel (`shaders::WG` on the host).
 const WG: u32 = 256u;
@@ -20,21 +21,24 @@ const WG: u32 = 256u;
 // contiguous and unit axes (`shaders::MAX_DIMS`).
 const MAX_DIMS: u32 = 8u;
 
-// The entry-point inputs of every kernel.
-struct Lane {
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
+// The entry-point inputs shared by a whole workgroup. Kept apart from the
+// thread's own index: WGSL's uniformity analysis treats a struct holding
+// any per-thread value as per-thread, and the kernels that synchronise
+// (workgroupBarrier) branch on the workgroup's number before they do.
+struct Workgroup {
+    @builtin(workgroup_id) id: vec3<u32>,
+    @builtin(num_workgroups) count: vec3<u32>,
 }
 
 // The workgroup's linear number in the folded grid.
-fn flat_group(lane: Lane) -> u32 {
-    return lane.wid.y * lane.nwg.x + lane.wid.x;
+fn flat_group(wg: Workgroup) -> u32 {
+    return wg.id.y * wg.count.x + wg.id.x;
 }
 
-// The thread's linear index in the folded grid.
-fn flat_id(lane: Lane) -> u32 {
-    return flat_group(lane) * WG + lane.lid;
+// The thread's linear index in the folded grid (lid: its
+// local_invocation_index).
+fn flat_id(wg: Workgroup, lid: u32) -> u32 {
+    return flat_group(wg) * WG + lid;
 }
 
 // The parameters of kernels that need nothing but their element count.

@@ -37,8 +37,8 @@ struct Fill {
 @group(0) @binding(1) var<storage, read_write> out: array<T>;
 
 @compute @workgroup_size(WG)
-fn main(lane: Lane) {
-    let i = flat_id(lane);
+fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }

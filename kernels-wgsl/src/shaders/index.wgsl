@@ -46,8 +46,7 @@ var<workgroup> first_bad: atomic<u32>;
 var<workgroup> tile: array<i32, WG>;
 
 @compute @workgroup_size(WG)
-fn check(lane: Lane) {
-    let lid = lane.lid;
+fn check(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
         atomicStore(&first_bad, 0xffffffffu);
     }
@@ -73,8 +72,8 @@ fn check(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn gather(lane: Lane) {
-    let i = flat_id(lane);
+fn gather(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }
@@ -94,10 +93,9 @@ fn gather(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn scatter(lane: Lane) {
+fn scatter(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     // No early return: every thread takes part in staging the index tiles.
-    let lid = lane.lid;
-    let i = flat_id(lane);
+    let i = flat_id(wg, lid);
     let live = i < params.n;
     let size = params.size;
     let count = params.count;

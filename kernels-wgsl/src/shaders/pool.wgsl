@@ -65,8 +65,8 @@ fn first_max(g: Window, base: u32, oy: u32, ox: u32) -> u32 {
 }
 
 @compute @workgroup_size(WG)
-fn forward(lane: Lane) {
-    let e = flat_id(lane);
+fn forward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let e = flat_id(wg, lid);
     let g = params.window;
     if (e >= g.n) {
         return;
@@ -85,8 +85,8 @@ fn forward(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn backward(lane: Lane) {
-    let e = flat_id(lane);
+fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let e = flat_id(wg, lid);
     let g = params.window;
     if (e >= g.n) {
         return;

@@ -76,8 +76,8 @@ fn cos_f32(t: f32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn uniform(lane: Lane) {
-    let i = flat_id(lane);
+fn uniform(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }
@@ -85,8 +85,8 @@ fn uniform(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn normal(lane: Lane) {
-    let i = flat_id(lane);
+fn normal(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }

@@ -134,8 +134,8 @@ fn element(base: u32, j: u32) -> Acc {
 }
 
 @compute @workgroup_size(WG)
-fn serial(lane: Lane) {
-    let o = flat_id(lane);
+fn serial(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let o = flat_id(wg, lid);
     if (o >= params.outputs) {
         return;
     }
@@ -155,8 +155,8 @@ fn absent() -> Acc {
 }
 
 // The workgroup's output index and its workgroup number within the output.
-fn position(lane: Lane) -> vec2<u32> {
-    let g = flat_group(lane);
+fn position(wg: Workgroup) -> vec2<u32> {
+    let g = flat_group(wg);
     return vec2<u32>(g / params.groups, g % params.groups);
 }
 
@@ -207,9 +207,8 @@ fn workgroup_tree(lid: u32, mine: Acc) -> Acc {
 // Each entry point returns early only for a whole workgroup (`o` is
 // uniform), so the barriers are in uniform control flow.
 @compute @workgroup_size(WG)
-fn leaves_to_parts(lane: Lane) {
-    let lid = lane.lid;
-    let at = position(lane);
+fn leaves_to_parts(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let at = position(wg);
     if (at.x >= params.outputs) {
         return;
     }
@@ -220,9 +219,8 @@ fn leaves_to_parts(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn leaves_to_out(lane: Lane) {
-    let lid = lane.lid;
-    let at = position(lane);
+fn leaves_to_out(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let at = position(wg);
     if (at.x >= params.outputs) {
         return;
     }
@@ -233,9 +231,8 @@ fn leaves_to_out(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn parts_to_parts(lane: Lane) {
-    let lid = lane.lid;
-    let at = position(lane);
+fn parts_to_parts(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let at = position(wg);
     if (at.x >= params.outputs) {
         return;
     }
@@ -246,9 +243,8 @@ fn parts_to_parts(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn parts_to_out(lane: Lane) {
-    let lid = lane.lid;
-    let at = position(lane);
+fn parts_to_out(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let at = position(wg);
     if (at.x >= params.outputs) {
         return;
     }

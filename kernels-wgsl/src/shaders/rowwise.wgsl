@@ -52,8 +52,8 @@ fn max_nan(a: f32, v: f32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn serial(lane: Lane) {
-    let r = flat_id(lane);
+fn serial(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let r = flat_id(wg, lid);
     if (r >= params.rows) {
         return;
     }
@@ -92,11 +92,10 @@ var<workgroup> partial: array<f32, WG>;
 var<workgroup> seen: array<u32, WG>;
 
 @compute @workgroup_size(WG)
-fn tree(lane: Lane) {
+fn tree(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     // One row per workgroup: `r` is uniform, so the early return and the
     // barriers below are uniform control flow.
-    let lid = lane.lid;
-    let r = flat_group(lane);
+    let r = flat_group(wg);
     if (r >= params.rows) {
         return;
     }

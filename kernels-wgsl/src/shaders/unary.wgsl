@@ -239,8 +239,8 @@ fn op_expm1(v: f32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn main(lane: Lane) {
-    let i = flat_id(lane);
+fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }

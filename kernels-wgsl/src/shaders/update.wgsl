@@ -50,8 +50,8 @@ fn decayed(i: u32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn sgd(lane: Lane) {
-    let i = flat_id(lane);
+fn sgd(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }
@@ -60,8 +60,8 @@ fn sgd(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn sgd_momentum(lane: Lane) {
-    let i = flat_id(lane);
+fn sgd_momentum(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }
@@ -78,8 +78,8 @@ fn sgd_momentum(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn adam(lane: Lane) {
-    let i = flat_id(lane);
+fn adam(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }

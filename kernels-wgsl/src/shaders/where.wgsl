@@ -18,8 +18,8 @@ alias T = f32;
 @group(0) @binding(4) var<storage, read_write> out: array<T>;
 
 @compute @workgroup_size(WG)
-fn main(lane: Lane) {
-    let i = flat_id(lane);
+fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
     if (i >= params.n) {
         return;
     }

@@ -27,8 +27,8 @@ alias T = f32;
 @group(0) @binding(2) var<storage, read_write> out: array<T>;
 
 @compute @workgroup_size(WG)
-fn im2col(lane: Lane) {
-    let e = flat_id(lane);
+fn im2col(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let e = flat_id(wg, lid);
     let g = params;
     if (e >= g.n) {
         return;
@@ -55,8 +55,8 @@ fn im2col(lane: Lane) {
 }
 
 @compute @workgroup_size(WG)
-fn col2im(lane: Lane) {
-    let e = flat_id(lane);
+fn col2im(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let e = flat_id(wg, lid);
     let g = params;
     if (e >= g.n) {
         return;
