@@ -433,6 +433,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     const bad = await worstError(wrong);
     assert(bad > 1e-2, `a wrong backward must fail the check: worst error ${bad}`);
 
+    // checkCustomOp: forward parity on this device, first and second order on the CPU,
+    // the float32 gradient on this device; a wrong backward or a wrong WGSL kernel fails it.
+    const sample = [{ values: xs, shape: [2, 3] }];
+    const report = await k.checkCustomOp(swish, sample, { kiln });
+    assert(report.passed && report.firstOrder && report.secondOrder, report.text);
+    const onDevice = env.expect === 'webgpu';
+    assert((report.parity !== null) === onDevice && (report.deviceGradient !== null) === onDevice, report.text);
+    const badReport = await k.checkCustomOp(wrong, sample, { kiln });
+    assert(!badReport.passed && !badReport.firstOrder.passed && /FAILED/.test(badReport.text), badReport.text);
+    if (onDevice) {
+      const mismatched = k.findCustomOp('JsSwishBadWgsl') ?? k.customOp({
+        name: 'JsSwishBadWgsl', arity: 1, forward, wgsl: swishWgsl.replace('exp(-x[i])', 'exp(-2.0 * x[i])'),
+      });
+      const r = await k.checkCustomOp(mismatched, sample, { kiln });
+      assert(!r.passed && !r.parity.passed && r.firstOrder === null, r.text);
+    }
+    await rejects(k.checkCustomOp(swish, [], { kiln }), (e) => assert(/takes 1 operands, 0 given/.test(e.message), e.message), 'checkCustomOp arity');
+
     // Shape inference from JS, a forward returning its values, no WGSL.
     const rowSum = k.findCustomOp('JsRowSum') ?? k.customOp({
       name: 'JsRowSum', arity: 1, outputShape: ([s]) => [s[0]],
