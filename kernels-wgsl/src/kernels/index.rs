@@ -4,13 +4,14 @@
 //! CPU — reported when the execution is flushed rather than at the kernel).
 
 use kiln_core::backend::checks::{self, split_at_axis as split, with_axis};
-use kiln_core::backend::{BufferId, TensorRef};
+use kiln_core::backend::TensorRef;
 use kiln_core::shape::fmt_dims;
-use kiln_core::{DType, Error, Result};
+use kiln_core::{Error, Result};
 
 use super::{ty, unsupported_dtype};
 use crate::batch::CheckMeta;
 use crate::geometry::word;
+use crate::params::{words, Index};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
 
@@ -20,10 +21,9 @@ fn check(be: &WgpuBackend, op: &'static str, idx: &TensorRef<'_>, axis: usize, s
     let count = idx.numel();
     if count > 0 {
         let slot = be.push_check(CheckMeta { op, axis, size });
-        let params = [word(op, count)?, word(op, size)?, slot];
+        let params = Index { count: word(op, count)?, size: word(op, size)?, slot, ..Index::default() };
         let args = [(2, Arg::input(idx)), (5, Arg::Status)];
-        be.launch(op, Kernel::Index(Ty::U32), "check", &args, &params, be.grid_for(op, count)?)?;
-        be.launch(op, Kernel::Index(Ty::U32), "check_value", &args, &params, [1, 1, 1])?;
+        be.launch(op, Kernel::Index(Ty::U32), "check", &args, words(&params), [1, 1, 1])?;
     }
     Ok(count)
 }
@@ -50,10 +50,10 @@ pub(crate) fn index_select(
     if n == 0 {
         return Ok(());
     }
-    let params = [word(OP, n)?, word(OP, size)?, word(OP, count)?, word(OP, inner)?];
+    let params = gather_params(OP, n, size, count, inner)?;
     // Words are moved as u32 whatever the dtype: bind the operands as such.
     let args = [(1, Arg::input(x)), (2, Arg::input(idx)), (4, Arg::output(out))];
-    be.launch(OP, Kernel::Index(Ty::U32), "gather", &args, &params, be.grid_for(OP, n)?)
+    be.launch(OP, Kernel::Index(Ty::U32), "gather", &args, words(&params), be.grid_for(OP, n)?)
 }
 
 pub(crate) fn scatter_add(
@@ -89,61 +89,12 @@ pub(crate) fn scatter_add(
     if n == 0 {
         return Ok(());
     }
-    // Sort (index, position) pairs, find each index's run, then every output
-    // adds its own run in position order (see index.wgsl).
-    let sorted_len = count.max(1).checked_next_power_of_two().ok_or_else(|| too_many(count))?;
-    let keys = be.scratch(DType::I32, 2 * sorted_len)?;
-    let buckets = match be.scratch(DType::I32, 2 * size) {
-        Ok(id) => id,
-        Err(e) => {
-            be.free_scratch(keys);
-            return Err(e);
-        }
-    };
-    let result = sorted_scatter(be, [keys, buckets], sorted_len, [n, size, count, inner], [src, idx, dest, out], t);
-    be.free_scratch(keys);
-    be.free_scratch(buckets);
-    result
+    let params = gather_params(OP, n, size, count, inner)?;
+    let args = [(1, Arg::input(src)), (2, Arg::input(idx)), (3, Arg::input(dest)), (4, Arg::output(out))];
+    be.launch(OP, Kernel::Index(t), "scatter", &args, words(&params), be.grid_for(OP, n)?)
 }
 
-fn too_many(count: usize) -> Error {
-    Error::shape("ScatterAdd", format!("{count} indices are too many to sort"))
-}
-
-/// The launches of a ScatterAdd once its scratch exists: `keys` holds
-/// `sorted_len` (a power of two) pairs, `buckets` one pair per index value.
-fn sorted_scatter(
-    be: &WgpuBackend,
-    [keys, buckets]: [BufferId; 2],
-    sorted_len: usize,
-    [n, size, count, inner]: [usize; 4],
-    [src, idx, dest, out]: [&TensorRef<'_>; 4],
-    t: Ty,
-) -> Result<()> {
-    const OP: &str = "ScatterAdd";
-    let keys_arg = |write| (6, Arg::Buffer { id: keys, dtype: DType::I32, len: 2 * sorted_len, write });
-    let buckets_arg = |write| (7, Arg::Buffer { id: buckets, dtype: DType::I32, len: 2 * size, write });
-    let (sorted_word, size_word, count_word) = (word(OP, sorted_len)?, word(OP, size)?, word(OP, count)?);
-    let sort_grid = be.grid_for(OP, sorted_len)?;
-    let sorter = Kernel::Index(Ty::U32);
-    let init = [(2, Arg::input(idx)), keys_arg(true)];
-    be.launch(OP, sorter, "sort_init", &init, &[sorted_word, size_word, count_word], sort_grid)?;
-    // Bitonic sort: merges of length k = 2, 4, .., n, each in steps of
-    // partner distance j = k/2, .., 1.
-    let mut k = 2;
-    while k <= sorted_len {
-        let mut j = k / 2;
-        while j > 0 {
-            let params = [sorted_word, word(OP, j)?, word(OP, k)?];
-            be.launch(OP, sorter, "sort_step", &[keys_arg(true)], &params, sort_grid)?;
-            j /= 2;
-        }
-        k *= 2;
-    }
-    be.launch(OP, sorter, "buckets_clear", &[buckets_arg(true)], &[size_word], be.grid_for(OP, size)?)?;
-    let find = [keys_arg(true), buckets_arg(true)];
-    be.launch(OP, sorter, "buckets_find", &find, &[sorted_word, size_word], sort_grid)?;
-    let params = [word(OP, n)?, size_word, count_word, word(OP, inner)?];
-    let args = [(1, Arg::input(src)), (3, Arg::input(dest)), (4, Arg::output(out)), keys_arg(true), buckets_arg(true)];
-    be.launch(OP, Kernel::Index(t), "scatter", &args, &params, be.grid_for(OP, n)?)
+/// The parameters of `gather` and `scatter`.
+fn gather_params(op: &'static str, n: usize, size: usize, count: usize, inner: usize) -> Result<Index> {
+    Ok(Index { n: word(op, n)?, size: word(op, size)?, count: word(op, count)?, inner: word(op, inner)?, slot: 0 })
 }

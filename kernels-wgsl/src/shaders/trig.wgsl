@@ -84,21 +84,21 @@ fn kiln_reduce_large(a: f32) -> KilnReduced {
     // Words of 2/π before j only add multiples of 4 to x·2/π; after j + 3
     // they add less than 2^-103. P = m · window, little-endian words.
     var table = KILN_TWO_OVER_PI;
-    var p = array<u32, 6>(0u, 0u, 0u, 0u, 0u, 0u);
+    var prod = array<u32, 6>(0u, 0u, 0u, 0u, 0u, 0u);
     var carry = 0u;
     for (var k = 0u; k < 4u; k++) {
         let w = kiln_mul_wide(m, table[j + 3u - k]);
         let s = w.x + carry;
-        p[k] = s;
+        prod[k] = s;
         carry = w.y + select(0u, 1u, s < w.x);
     }
-    p[4] = carry;
+    prod[4] = carry;
     // x·2/π = P · 2^(t - 126): bits 126 - t and up are the integer part.
     let top = 126u - t;
-    let q0 = kiln_bits_at(&p, i32(top)) & 3u;
-    var f2 = kiln_bits_at(&p, i32(top) - 32);
-    var f1 = kiln_bits_at(&p, i32(top) - 64);
-    var f0 = kiln_bits_at(&p, i32(top) - 96);
+    let q0 = kiln_bits_at(&prod, i32(top)) & 3u;
+    var f2 = kiln_bits_at(&prod, i32(top) - 32);
+    var f1 = kiln_bits_at(&prod, i32(top) - 64);
+    var f0 = kiln_bits_at(&prod, i32(top) - 96);
     // Round to the nearest quadrant: a fraction >= 1/2 counts to the next k
     // and r becomes negative (negate the 96-bit fraction).
     let neg = f2 >= 0x80000000u;
@@ -167,19 +167,19 @@ fn kiln_reduce_large(a: f32) -> KilnReduced {
     return KilnReduced(r, r_lo, q);
 }
 
-// 32 bits of the 6-word little-endian number *p starting at bit `start`
+// 32 bits of the 6-word little-endian number *words starting at bit `start`
 // (start >= -1; bits below 0 read as zero).
-fn kiln_bits_at(p: ptr<function, array<u32, 6>>, start: i32) -> u32 {
+fn kiln_bits_at(words: ptr<function, array<u32, 6>>, start: i32) -> u32 {
     if (start < 0) {
-        return (*p)[0] << u32(-start);
+        return (*words)[0] << u32(-start);
     }
     let w = u32(start) / 32u;
     let o = u32(start) % 32u;
-    let lo = (*p)[w] >> o;
+    let lo = (*words)[w] >> o;
     if (o == 0u) {
         return lo;
     }
-    return lo | ((*p)[w + 1u] << (32u - o));
+    return lo | ((*words)[w + 1u] << (32u - o));
 }
 
 // a = |x| >= 2^-12, finite.
