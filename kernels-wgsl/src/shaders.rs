@@ -167,8 +167,7 @@ impl Kernel {
             }
             Kernel::Unary(op, t) => {
                 let expr = unary_expr(op, t)?;
-                let body =
-                    specialise(UNARY, &[alias("T", t), format!("fn op(v: T) -> T {{\n    return {expr};\n}}")]);
+                let body = specialise(UNARY, &[alias("T", t), format!("fn op(v: T) -> T {{\n    return {expr};\n}}")]);
                 // Only Sin and Cos need trig.wgsl's argument reduction.
                 if matches!(op, UnaryOp::Sin | UnaryOp::Cos) {
                     format!("{TRIG}\n{body}")
