@@ -153,7 +153,6 @@ export { ${classes.join(', ')} } from './web/kiln_web.js';
 ${kilnError}
 export { KilnError };
 ${scoped}
-const { digitsFromBytes } = glue;
 ${checkpointsWeb}
 ${digitsWeb}
 
