@@ -273,6 +273,36 @@ mod tests {
         assert!(run_op(op, &[(f32s(&[1.0; 6]), &[2, 3]), (f32s(&[1.0; 6]), &[2, 3])], &[2, 3], DType::F32).is_err());
     }
 
+    /// The one `unsafe` block (the call into gemm) on its own, small enough
+    /// for Miri: `cargo +nightly miri test -p kiln-core --lib miri_`.
+    /// Shapes above SMALL_GEMM_WORK so gemm runs, transposed operands read
+    /// through strides, exact operand lengths (one element more would hide
+    /// an over-read), and the too-short-buffer refusal.
+    #[test]
+    fn miri_gemm_call_stays_in_bounds() {
+        use super::{gemm_chunk, Mat, Parallelism};
+        for (m, k, n) in [(9, 9, 9), (3, 70, 5), (17, 2, 16)] {
+            for (ta, tb) in [(false, false), (true, true), (false, true)] {
+                let a =
+                    if ta { Mat { rows: m, cols: k, rs: 1, cs: m } } else { Mat { rows: m, cols: k, rs: k, cs: 1 } };
+                let b =
+                    if tb { Mat { rows: k, cols: n, rs: 1, cs: k } } else { Mat { rows: k, cols: n, rs: n, cs: 1 } };
+                let lhs: Vec<f64> = (0..a.span()).map(|i| (i % 7) as f64 - 3.0).collect();
+                let rhs: Vec<f64> = (0..b.span()).map(|i| (i % 5) as f64 * 0.5).collect();
+                let mut dst = vec![f64::NAN; m * n];
+                gemm_chunk(&a, &b, &lhs, &rhs, &mut dst, Parallelism::None).unwrap();
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k).map(|p| lhs[i * a.rs + p * a.cs] * rhs[p * b.rs + j * b.cs]).sum();
+                        assert_eq!(dst[i * n + j], want, "{m}x{k}x{n} {ta} {tb} at ({i}, {j})");
+                    }
+                }
+                let short = &rhs[..rhs.len() - 1];
+                assert!(gemm_chunk(&a, &b, &lhs, short, &mut dst, Parallelism::None).is_err());
+            }
+        }
+    }
+
     #[test]
     fn deterministic() {
         let a = rand_f32(128 * 96, 1);
