@@ -6,7 +6,8 @@
 use kiln_core::shape::fmt_dims;
 use kiln_core::{Error, Result};
 
-use crate::shaders::{GEOMETRY_WORDS, MAX_DIMS};
+use crate::params::{Axes, Strided};
+use crate::shaders::MAX_DIMS;
 
 /// `dims` and each operand's strides with unit axes dropped and mergeable
 /// neighbours merged (outermost first).
@@ -44,9 +45,9 @@ pub(crate) fn word(op: &'static str, v: usize) -> Result<u32> {
     })
 }
 
-/// The strided-geometry block for iterating `dims` with up to four operands,
-/// each given as (base offset, strides over `dims`).
-pub(crate) fn strided(op: &'static str, dims: &[usize], operands: &[(usize, &[usize])]) -> Result<Vec<u32>> {
+/// The strided geometry for iterating `dims` with up to four operands, each
+/// given as (base offset, strides over `dims`).
+pub(crate) fn strided(op: &'static str, dims: &[usize], operands: &[(usize, &[usize])]) -> Result<Strided> {
     debug_assert!(operands.len() <= 4);
     let n: usize = dims.iter().product();
     let strides: Vec<&[usize]> = operands.iter().map(|(_, s)| *s).collect();
@@ -62,25 +63,22 @@ pub(crate) fn strided(op: &'static str, dims: &[usize], operands: &[(usize, &[us
             ),
         ));
     }
-    let mut p = vec![0u32; GEOMETRY_WORDS];
-    p[0] = word(op, n)?;
-    p[1] = cd.len() as u32;
+    let mut g = Strided { n: word(op, n)?, rank: cd.len() as u32, ..Strided::default() };
     for (d, &v) in cd.iter().enumerate() {
-        p[2 + d] = word(op, v)?;
+        g.dims[d] = word(op, v)?;
     }
     for (k, (base, _)) in operands.iter().enumerate() {
-        let at = 10 + k * (MAX_DIMS + 1);
-        p[at] = word(op, *base)?;
+        g.operands[k].base = word(op, *base)?;
         for (d, &s) in cs[k].iter().enumerate() {
-            p[at + 1 + d] = word(op, s)?;
+            g.operands[k].strides[d] = word(op, s)?;
         }
     }
-    Ok(p)
+    Ok(g)
 }
 
-/// Collapsed (dims, strides) of one group of axes, padded to MAX_DIMS, for
-/// the reduction parameters.
-pub(crate) fn group(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<(u32, [u32; 8], [u32; 8])> {
+/// One group of axes collapsed (dims, strides), for the reduction
+/// parameters.
+pub(crate) fn group(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<Axes> {
     let (cd, cs) = collapse(dims, &[strides]);
     if cd.len() > MAX_DIMS {
         return Err(Error::unsupported(
@@ -88,12 +86,12 @@ pub(crate) fn group(op: &'static str, dims: &[usize], strides: &[usize]) -> Resu
             format!("the reduction's axes of {} do not merge into {MAX_DIMS}; use the CPU device", fmt_dims(dims)),
         ));
     }
-    let (mut d, mut s) = ([0u32; 8], [0u32; 8]);
+    let mut g = Axes { rank: cd.len() as u32, ..Axes::default() };
     for i in 0..cd.len() {
-        d[i] = word(op, cd[i])?;
-        s[i] = word(op, cs[0][i])?;
+        g.dims[i] = word(op, cd[i])?;
+        g.strides[i] = word(op, cs[0][i])?;
     }
-    Ok((cd.len() as u32, d, s))
+    Ok(g)
 }
 
 #[cfg(test)]

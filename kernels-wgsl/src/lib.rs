@@ -27,6 +27,7 @@ mod buffers;
 mod context;
 mod geometry;
 mod kernels;
+pub mod params;
 mod pipelines;
 mod readback;
 pub mod shaders;

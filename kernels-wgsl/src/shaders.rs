@@ -1,11 +1,15 @@
 //! The WGSL sources and their specialisations.
 //!
-//! Every `.wgsl` file in `shaders/` is one op family. A kernel is specialised
-//! by substituting a few `{PLACEHOLDERS}` (element types, an op expression)
-//! in its file's text, after `common.wgsl` (the parameter binding and shared
-//! helpers). A [`Kernel`] names one generated variant; [`Kernel::source`]
-//! makes its WGSL and [`all_kernels`] lists every variant the backend can
-//! generate (the naga test validates each of them without a device).
+//! Every `.wgsl` file in `shaders/` is one op family, valid WGSL as written
+//! once `common.wgsl` (the shared declarations) is put in front of it. A
+//! kernel is specialised by replacing whole declarations of its file: the
+//! element-type aliases (`alias T = f32;`) and the small functions its
+//! comment names (`fn op(v: T) -> T`, a reduction's `fold`...), never text
+//! inside a declaration. A [`Kernel`] names one generated variant;
+//! [`Kernel::source`] makes its WGSL and [`all_kernels`] lists every variant
+//! the backend can generate (the naga tests validate the files as written
+//! and each variant without a device). Parameters are named structs,
+//! mirrored on the host by `crate::params`.
 
 use kiln_core::op::{BinaryOp, CompareOp, CustomOp, ReduceOp, UnaryOp};
 use kiln_core::DType;
@@ -18,6 +22,7 @@ pub const WHERE: &str = include_str!("shaders/where.wgsl");
 pub const CAST: &str = include_str!("shaders/cast.wgsl");
 pub const REDUCE: &str = include_str!("shaders/reduce.wgsl");
 pub const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+pub const CHUNKS: &str = include_str!("shaders/chunks.wgsl");
 pub const MOVEMENT: &str = include_str!("shaders/movement.wgsl");
 pub const INDEX: &str = include_str!("shaders/index.wgsl");
 pub const UPDATE: &str = include_str!("shaders/update.wgsl");
@@ -27,7 +32,7 @@ pub const RANDOM: &str = include_str!("shaders/random.wgsl");
 pub const ROWWISE: &str = include_str!("shaders/rowwise.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 15] = [
+pub const FILES: [(&str, &str); 16] = [
     ("common.wgsl", COMMON),
     ("fill.wgsl", FILL),
     ("unary.wgsl", UNARY),
@@ -36,6 +41,7 @@ pub const FILES: [(&str, &str); 15] = [
     ("cast.wgsl", CAST),
     ("reduce.wgsl", REDUCE),
     ("matmul.wgsl", MATMUL),
+    ("chunks.wgsl", CHUNKS),
     ("movement.wgsl", MOVEMENT),
     ("index.wgsl", INDEX),
     ("update.wgsl", UPDATE),
@@ -50,8 +56,6 @@ pub const WG: u32 = 256;
 /// Highest rank the strided kernels take after the host has collapsed
 /// contiguous and unit axes (`MAX_DIMS` in common.wgsl).
 pub const MAX_DIMS: usize = 8;
-/// Words of the strided-geometry parameter block (see common.wgsl).
-pub const GEOMETRY_WORDS: usize = 10 + 4 * (MAX_DIMS + 1);
 
 /// How an element is stored on the GPU: bools are 0/1 `u32` words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,6 +100,8 @@ pub enum Kernel {
     /// The reduction of the given input type.
     Reduce(ReduceOp, Ty),
     MatMul,
+    /// chunks.wgsl: the chunk products of a long MatMul summed.
+    Chunks,
     /// The strided word copy (movement.wgsl).
     Copy,
     /// index.wgsl with the given element type.
@@ -122,7 +128,7 @@ impl Kernel {
             Kernel::Update => &["sgd", "sgd_momentum", "adam"],
             Kernel::Window(_) => &["im2col", "col2im"],
             Kernel::Pool => &["forward", "backward"],
-            Kernel::MatMul => &["main", "combine", "accumulate"],
+            Kernel::Chunks => &["combine", "accumulate"],
             Kernel::Random => &["uniform", "normal"],
             Kernel::Rowwise => &["serial", "tree"],
             _ => &["main"],
@@ -144,30 +150,42 @@ impl Kernel {
         let body = match self {
             Kernel::Fill(t) => {
                 let (from_f32, from_i32) = match t {
-                    Ty::F32 => ("", "f32"),
-                    Ty::I32 => ("f32_to_i32", ""),
-                    Ty::U32 => ("f32_to_bool", "i32_to_bool"),
+                    Ty::F32 => ("v", "f32(v)"),
+                    Ty::I32 => ("f32_to_i32(v)", "v"),
+                    Ty::U32 => ("f32_to_bool(v)", "i32_to_bool(v)"),
                 };
-                fill(FILL, &[("{T}", t.wgsl()), ("{FROM_F32}", from_f32), ("{FROM_I32}", from_i32)])
+                specialise(
+                    FILL,
+                    &[
+                        alias("T", t),
+                        format!("fn from_f32(v: f32) -> T {{\n    return {from_f32};\n}}"),
+                        format!("fn from_i32(v: i32) -> T {{\n    return {from_i32};\n}}"),
+                    ],
+                )
             }
-            Kernel::Unary(op, t) => fill(UNARY, &[("{T}", t.wgsl()), ("{EXPR}", unary_expr(op, t)?)]),
-            Kernel::Binary(op, t) => {
-                fill(BINARY, &[("{TI}", t.wgsl()), ("{TO}", t.wgsl()), ("{EXPR}", binary_expr(op, t)?)])
+            Kernel::Unary(op, t) => {
+                let expr = unary_expr(op, t)?;
+                specialise(UNARY, &[alias("T", t), format!("fn op(v: T) -> T {{\n    return {expr};\n}}")])
             }
-            Kernel::Compare(op, t) => {
-                fill(BINARY, &[("{TI}", t.wgsl()), ("{TO}", "u32"), ("{EXPR}", compare_expr(op))])
-            }
-            Kernel::Where(t) => fill(WHERE, &[("{T}", t.wgsl())]),
-            Kernel::Cast(from, to) => {
-                fill(CAST, &[("{TI}", from.wgsl()), ("{TO}", to.wgsl()), ("{CONVERT}", cast_fn(from, to))])
-            }
+            Kernel::Binary(op, t) => binary(t, t, binary_expr(op, t)?),
+            Kernel::Compare(op, t) => binary(t, Ty::U32, compare_expr(op)),
+            Kernel::Where(t) => specialise(WHERE, &[alias("T", t)]),
+            Kernel::Cast(from, to) => specialise(
+                CAST,
+                &[
+                    alias("TI", from),
+                    alias("TO", to),
+                    format!("fn convert(v: TI) -> TO {{\n    return {}(v);\n}}", cast_fn(from, to)),
+                ],
+            ),
             Kernel::Reduce(op, t) => reduce(op, t)?,
             Kernel::MatMul => MATMUL.to_string(),
+            Kernel::Chunks => CHUNKS.to_string(),
             Kernel::Copy => MOVEMENT.to_string(),
-            Kernel::Index(t) => fill(INDEX, &[("{T}", t.wgsl())]),
+            Kernel::Index(t) => specialise(INDEX, &[alias("T", t)]),
             Kernel::Update => UPDATE.to_string(),
             Kernel::Window(Ty::U32) => return None, // the CPU has no bool Im2Col either
-            Kernel::Window(t) => fill(WINDOW, &[("{T}", t.wgsl())]),
+            Kernel::Window(t) => specialise(WINDOW, &[alias("T", t)]),
             Kernel::Pool => POOL.to_string(),
             Kernel::Random => RANDOM.to_string(),
             Kernel::Rowwise => ROWWISE.to_string(),
@@ -177,22 +195,61 @@ impl Kernel {
     }
 }
 
-/// Substitute placeholders in code lines; comment lines (which document the
-/// placeholders) are left as written.
-fn fill(text: &str, subs: &[(&str, &str)]) -> String {
-    let mut s = String::with_capacity(text.len() + 256);
-    for line in text.lines() {
-        if line.trim_start().starts_with("//") {
-            s.push_str(line);
+/// `alias NAME = <t>;`.
+fn alias(name: &str, t: Ty) -> String {
+    format!("alias {name} = {};", t.wgsl())
+}
+
+/// binary.wgsl with operand type `ti`, output type `to` and `op` returning
+/// `expr` (of `a` and `b`).
+fn binary(ti: Ty, to: Ty, expr: &str) -> String {
+    specialise(
+        BINARY,
+        &[alias("TI", ti), alias("TO", to), format!("fn op(a: TI, b: TI) -> TO {{\n    return {expr};\n}}")],
+    )
+}
+
+/// The name and kind of a module-scope declaration: `alias NAME` or `fn NAME`.
+fn declared(decl: &str) -> Option<(&'static str, &str)> {
+    let (kind, rest) = if let Some(r) = decl.strip_prefix("alias ") {
+        ("alias", r)
+    } else if let Some(r) = decl.strip_prefix("fn ") {
+        ("fn", r)
+    } else {
+        return None;
+    };
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
+    Some((kind, &rest[..end]))
+}
+
+/// `file` with each of `decls` in place of the file's declaration of the same
+/// kind and name (an alias: its line; a function: from its `fn` line to its
+/// closing `}` line). Declarations start at the beginning of a line, as the
+/// files are written. Panics when the file has no such declaration: the
+/// variant test generates every kernel, so that is caught by `cargo test`.
+pub fn specialise(file: &str, decls: &[String]) -> String {
+    let mut lines: Vec<&str> = file.lines().collect();
+    let mut replaced: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    for decl in decls {
+        let (kind, name) = declared(decl).unwrap_or_else(|| panic!("not a declaration: {decl}"));
+        let start = lines
+            .iter()
+            .position(|l| declared(l) == Some((kind, name)))
+            .unwrap_or_else(|| panic!("the shader has no `{kind} {name}` to specialise"));
+        let end = if kind == "alias" {
+            start
         } else {
-            let mut l = line.to_string();
-            for (k, v) in subs {
-                l = l.replace(k, v);
-            }
-            s.push_str(&l);
-        }
-        s.push('\n');
+            start
+                + lines[start..]
+                    .iter()
+                    .position(|l| *l == "}")
+                    .unwrap_or_else(|| panic!("`fn {name}` has no closing line"))
+        };
+        replaced.splice(start..=end, [decl.clone()]);
+        lines.splice(start..=end, [""]);
     }
+    let mut s = replaced.join("\n");
+    s.push('\n');
     s
 }
 
@@ -271,43 +328,59 @@ fn reduce(op: ReduceOp, t: Ty) -> Option<String> {
     if !arg && t == Ty::U32 {
         return None; // Sum/Max/... of bools: the CPU refuses them too.
     }
-    let ty = t.wgsl();
     let nan = if t == Ty::F32 { "is_nan" } else { "never_nan" };
     let init = match op {
-        ReduceOp::Sum => format!("Acc({ty}(0), 0u, 1u)"),
-        ReduceOp::Prod => format!("Acc({ty}(1), 0u, 1u)"),
-        _ => format!("Acc({ty}(0), 0u, 0u)"),
+        ReduceOp::Sum => "Acc(T(0), 0u, 1u)",
+        ReduceOp::Prod => "Acc(T(1), 0u, 1u)",
+        _ => "Acc(T(0), 0u, 0u)",
     };
     // a is the earlier partial, b the later one (by position in the block
     // for `serial`; by lane for `tree`, where only the values matter except
     // for the arg reductions, which compare indices).
-    let combine = match op {
-        ReduceOp::Sum => "return Acc(a.v + b.v, 0u, 1u);".to_string(),
-        ReduceOp::Prod => "return Acc(a.v * b.v, 0u, 1u);".to_string(),
+    let fold = match op {
+        ReduceOp::Sum => "    return Acc(a.v + b.v, 0u, 1u);".to_string(),
+        ReduceOp::Prod => "    return Acc(a.v * b.v, 0u, 1u);".to_string(),
         ReduceOp::Max | ReduceOp::Min => {
             let keep = if op == ReduceOp::Max { ">=" } else { "<=" };
             format!(
-                "if ({nan}(a.v)) {{ return a; }}\n    if ({nan}(b.v)) {{ return b; }}\n    \
-                 if (a.v {keep} b.v) {{ return a; }}\n    return b;"
+                "    if ({nan}(a.v)) {{\n        return a;\n    }}\n    if ({nan}(b.v)) {{\n        return b;\n    }}\n    \
+                 if (a.v {keep} b.v) {{\n        return a;\n    }}\n    return b;"
             )
         }
         ReduceOp::ArgMax | ReduceOp::ArgMin => {
             let better = if op == ReduceOp::ArgMax { ">" } else { "<" };
             format!(
-                "let an = {nan}(a.v);\n    let bn = {nan}(b.v);\n    \
-                 if (an && bn) {{ return earlier(a, b); }}\n    if (an) {{ return a; }}\n    \
-                 if (bn) {{ return b; }}\n    if (a.v == b.v) {{ return earlier(a, b); }}\n    \
-                 if (a.v {better} b.v) {{ return a; }}\n    return b;"
+                "    let an = {nan}(a.v);\n    let bn = {nan}(b.v);\n    \
+                 if (an && bn) {{\n        return earlier(a, b);\n    }}\n    if (an) {{\n        return a;\n    }}\n    \
+                 if (bn) {{\n        return b;\n    }}\n    if (a.v == b.v) {{\n        return earlier(a, b);\n    }}\n    \
+                 if (a.v {better} b.v) {{\n        return a;\n    }}\n    return b;"
             )
         }
     };
-    let (to, out) = if arg { ("i32", "i32(acc.i)") } else { (ty, "acc.v") };
-    Some(fill(REDUCE, &[("{T}", ty), ("{TO}", to), ("{INIT}", &init), ("{COMBINE}", &combine), ("{OUT}", out)]))
+    let (to, out) = if arg { (Ty::I32, "i32(acc.i)") } else { (t, "acc.v") };
+    Some(specialise(
+        REDUCE,
+        &[
+            alias("T", t),
+            alias("TO", to),
+            format!("fn init() -> Acc {{\n    return {init};\n}}"),
+            format!("fn fold(a: Acc, b: Acc) -> Acc {{\n{fold}\n}}"),
+            format!("fn result(acc: Acc) -> TO {{\n    return {out};\n}}"),
+        ],
+    ))
 }
 
 /// Every variant the backend can generate.
 pub fn all_kernels() -> Vec<Kernel> {
-    let mut v = vec![Kernel::MatMul, Kernel::Copy, Kernel::Update, Kernel::Pool, Kernel::Random, Kernel::Rowwise];
+    let mut v = vec![
+        Kernel::MatMul,
+        Kernel::Chunks,
+        Kernel::Copy,
+        Kernel::Update,
+        Kernel::Pool,
+        Kernel::Random,
+        Kernel::Rowwise,
+    ];
     for t in Ty::ALL {
         v.push(Kernel::Window(t));
         v.push(Kernel::Fill(t));
@@ -365,31 +438,13 @@ mod tests {
         }
     }
 
+    /// The files exactly as they are on disk (after common.wgsl, which is
+    /// also checked alone): no placeholders, nothing filled in.
     #[test]
-    fn every_file_parses_and_validates() {
-        // The files themselves, placeholders filled with f32 defaults, so a
-        // file is checked even before any variant of it is generated.
+    fn every_file_parses_and_validates_as_written() {
         validate("common.wgsl", COMMON);
         for (name, text) in FILES.iter().skip(1) {
-            let src = format!(
-                "{COMMON}\n{}",
-                fill(
-                    text,
-                    &[
-                        ("{T}", "f32"),
-                        ("{TI}", "f32"),
-                        ("{TO}", "f32"),
-                        ("{EXPR}", if *name == "unary.wgsl" { "v" } else { "a + b" }),
-                        ("{FROM_F32}", ""),
-                        ("{FROM_I32}", "f32"),
-                        ("{CONVERT}", ""),
-                        ("{INIT}", "Acc(0.0, 0u, 1u)"),
-                        ("{COMBINE}", "return Acc(a.v + b.v, 0u, 1u);"),
-                        ("{OUT}", "acc.v"),
-                    ]
-                )
-            );
-            validate(name, &src);
+            validate(name, &format!("{COMMON}\n{text}"));
         }
     }
 
@@ -397,19 +452,81 @@ mod tests {
     fn every_generated_variant_parses_and_validates() {
         let kernels = all_kernels();
         // fill, where, index x 3 types; 9 casts; 16 + 4 unary; 18 compares;
-        // 7 + 5 binary; 6 + 6 + 2 reductions; matmul, copy, update; window
-        // x 2 types (f32, i32); pool, random, rowwise.
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 20 + 12 + 18 + 14 + 3 + 2 + 3, "{kernels:?}");
+        // 7 + 5 binary; 6 + 6 + 2 reductions; matmul, chunks, copy, update;
+        // window x 2 types (f32, i32); pool, random, rowwise.
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 20 + 12 + 18 + 14 + 4 + 2 + 3, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
-            let code: String = src.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
-            for p in ["{T}", "{TI}", "{TO}", "{EXPR}", "{CONVERT}", "{INIT}", "{COMBINE}", "{OUT}", "{FROM_"] {
-                assert!(!code.contains(p), "{k:?} has an unfilled placeholder {p}");
-            }
             validate(&k.label(), &src);
             let module = naga::front::wgsl::parse_str(&src).unwrap();
             for entry in k.entry_points() {
                 assert!(module.entry_points.iter().any(|e| e.name == *entry), "{k:?} lacks entry point {entry}");
+            }
+        }
+    }
+
+    /// Every entry point of every variant runs WG threads per workgroup (the
+    /// host's dispatch arithmetic assumes it), and no entry point takes a
+    /// struct that mixes per-thread builtins into per-workgroup ones:
+    /// browsers' WGSL compilers (Tint) then treat the whole struct as
+    /// per-thread, and a kernel that branches on its workgroup number
+    /// before a `workgroupBarrier` is refused as non-uniform (naga accepts
+    /// it, so this checks the shape instead).
+    #[test]
+    fn every_entry_point_uses_the_one_workgroup_size() {
+        for k in all_kernels() {
+            let src = k.source().unwrap();
+            let module = naga::front::wgsl::parse_str(&src).unwrap();
+            for e in &module.entry_points {
+                let [x, y, z] = e.workgroup_size;
+                assert_eq!(x * y * z, WG, "{k:?}::{} has workgroup size {x} x {y} x {z}", e.name);
+                for arg in &e.function.arguments {
+                    if let naga::TypeInner::Struct { members, .. } = &module.types[arg.ty].inner {
+                        for m in members {
+                            let uniform = matches!(
+                                m.binding,
+                                Some(naga::Binding::BuiltIn(naga::BuiltIn::WorkGroupId | naga::BuiltIn::NumWorkGroups))
+                            );
+                            assert!(uniform, "{k:?}::{}: struct input member {:?} is per-thread", e.name, m.name);
+                        }
+                    }
+                }
+            }
+        }
+        // The constant the files use is the host's.
+        let module = naga::front::wgsl::parse_str(COMMON).unwrap();
+        let wg = module.constants.iter().find(|(_, c)| c.name.as_deref() == Some("WG")).expect("WG in common.wgsl").1;
+        match module.global_expressions[wg.init] {
+            naga::Expression::Literal(naga::Literal::U32(v)) => assert_eq!(v, WG),
+            ref e => panic!("WG is not a u32 literal: {e:?}"),
+        }
+    }
+
+    /// Specialising replaces whole declarations and refuses unknown ones.
+    #[test]
+    fn specialise_replaces_whole_declarations() {
+        let file =
+            "alias T = f32;\n\nfn op(v: T) -> T {\n    return v;\n}\n\nfn op_two(v: T) -> T {\n    return v;\n}\n";
+        let s = specialise(file, &[alias("T", Ty::I32), "fn op(v: T) -> T {\n    return -v;\n}".to_string()]);
+        assert_eq!(
+            s,
+            "alias T = i32;\n\nfn op(v: T) -> T {\n    return -v;\n}\n\nfn op_two(v: T) -> T {\n    return v;\n}\n"
+        );
+        let missing = std::panic::catch_unwind(|| specialise(file, &["fn nope() {\n}".to_string()]));
+        assert!(missing.is_err());
+    }
+
+    /// No file reads parameters by number any more (`p[k]` words).
+    #[test]
+    fn no_numbered_parameter_words() {
+        for (name, text) in FILES {
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap();
+                let numbered = ["p[", "pf("].iter().any(|word| {
+                    code.match_indices(word)
+                        .any(|(at, _)| !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+                });
+                assert!(!numbered, "{name}:{}: {line}", i + 1);
             }
         }
     }

@@ -9,14 +9,15 @@ use kiln_core::{DType, Error, Result};
 
 use super::{ty, unsupported_dtype};
 use crate::geometry::{strided, word};
+use crate::params::{words, Count, Fill};
 use crate::shaders::{self, Kernel};
 use crate::{Arg, WgpuBackend};
 
 /// Write `bits` (a value already in the output's storage type) everywhere.
 pub(crate) fn fill(be: &WgpuBackend, op: &'static str, bits: u32, out: &TensorRef<'_>) -> Result<()> {
     let n = out.numel();
-    let params = [word(op, n)?, 0, bits];
-    be.launch(op, Kernel::Fill(ty(out.dtype)), "main", &[(1, Arg::output(out))], &params, be.grid_for(op, n)?)
+    let params = Fill { n: word(op, n)?, arange: 0, value: bits, ..Fill::default() };
+    be.launch(op, Kernel::Fill(ty(out.dtype)), "main", &[(1, Arg::output(out))], words(&params), be.grid_for(op, n)?)
 }
 
 pub(crate) fn full(be: &WgpuBackend, v: f64, out: &TensorRef<'_>) -> Result<()> {
@@ -36,16 +37,17 @@ pub(crate) fn arange(be: &WgpuBackend, start: f64, step: f64, out: &TensorRef<'_
     let in_i32 = |v: f64| v.fract() == 0.0 && v >= i32::MIN as f64 && v <= i32::MAX as f64;
     // Integer outputs of integer sequences are computed exactly in i32.
     let exact = out.dtype != DType::F32 && in_i32(start) && in_i32(step) && in_i32(last);
-    let params = [
-        word(OP, n)?,
-        1,
-        (start as f32).to_bits(),
-        (step as f32).to_bits(),
-        u32::from(exact),
-        (start as i32) as u32,
-        (step as i32) as u32,
-    ];
-    be.launch(OP, Kernel::Fill(ty(out.dtype)), "main", &[(1, Arg::output(out))], &params, be.grid_for(OP, n)?)
+    let params = Fill {
+        n: word(OP, n)?,
+        arange: 1,
+        value: 0,
+        start: start as f32,
+        step: step as f32,
+        exact: u32::from(exact),
+        start_i: start as i32,
+        step_i: step as i32,
+    };
+    be.launch(OP, Kernel::Fill(ty(out.dtype)), "main", &[(1, Arg::output(out))], words(&params), be.grid_for(OP, n)?)
 }
 
 pub(crate) fn unary(be: &WgpuBackend, u: UnaryOp, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
@@ -59,7 +61,8 @@ pub(crate) fn unary(be: &WgpuBackend, u: UnaryOp, [x]: &[TensorRef<'_>; 1], out:
     }
     let n = out.numel();
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-    be.launch(name, Kernel::Unary(u, t), "main", &args, &[word(name, n)?], be.grid_for(name, n)?)
+    let params = Count { n: word(name, n)? };
+    be.launch(name, Kernel::Unary(u, t), "main", &args, words(&params), be.grid_for(name, n)?)
 }
 
 /// Launch binary.wgsl's variant `kernel` on a and b broadcast to out.
@@ -75,7 +78,7 @@ fn zip(
     let sb = broadcast_to(op, b.dims, out.dims)?;
     let params = strided(op, out.dims, &[(0, &sa), (0, &sb)])?;
     let args = [(1, Arg::input(a)), (2, Arg::input(b)), (3, Arg::output(out))];
-    be.launch(op, kernel, "main", &args, &params, be.grid_for(op, out.numel())?)
+    be.launch(op, kernel, "main", &args, words(&params), be.grid_for(op, out.numel())?)
 }
 
 pub(crate) fn binary(be: &WgpuBackend, op: BinaryOp, [a, b]: &[TensorRef<'_>; 2], out: &TensorRef<'_>) -> Result<()> {
@@ -108,7 +111,7 @@ pub(crate) fn where_(be: &WgpuBackend, [c, a, b]: &[TensorRef<'_>; 3], out: &Ten
     let sb = broadcast_to(OP, b.dims, out.dims)?;
     let params = strided(OP, out.dims, &[(0, &sc), (0, &sa), (0, &sb)])?;
     let args = [(1, Arg::input(c)), (2, Arg::input(a)), (3, Arg::input(b)), (4, Arg::output(out))];
-    be.launch(OP, Kernel::Where(ty(out.dtype)), "main", &args, &params, be.grid_for(OP, out.numel())?)
+    be.launch(OP, Kernel::Where(ty(out.dtype)), "main", &args, words(&params), be.grid_for(OP, out.numel())?)
 }
 
 pub(crate) fn cast(be: &WgpuBackend, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
@@ -119,7 +122,8 @@ pub(crate) fn cast(be: &WgpuBackend, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'
     let n = out.numel();
     let kernel = Kernel::Cast(ty(x.dtype), ty(out.dtype));
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-    be.launch(OP, kernel, "main", &args, &[word(OP, n)?], be.grid_for(OP, n)?)
+    let params = Count { n: word(OP, n)? };
+    be.launch(OP, kernel, "main", &args, words(&params), be.grid_for(OP, n)?)
 }
 
 /// Contiguous strides as a Vec (the geometry helpers take slices).

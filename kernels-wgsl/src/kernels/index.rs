@@ -11,6 +11,7 @@ use kiln_core::{Error, Result};
 use super::{ty, unsupported_dtype};
 use crate::batch::CheckMeta;
 use crate::geometry::word;
+use crate::params::{words, Index};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
 
@@ -20,9 +21,9 @@ fn check(be: &WgpuBackend, op: &'static str, idx: &TensorRef<'_>, axis: usize, s
     let count = idx.numel();
     if count > 0 {
         let slot = be.push_check(CheckMeta { op, axis, size });
-        let params = [word(op, count)?, word(op, size)?, slot];
+        let params = Index { count: word(op, count)?, size: word(op, size)?, slot, ..Index::default() };
         let args = [(2, Arg::input(idx)), (5, Arg::Status)];
-        be.launch(op, Kernel::Index(Ty::U32), "check", &args, &params, [1, 1, 1])?;
+        be.launch(op, Kernel::Index(Ty::U32), "check", &args, words(&params), [1, 1, 1])?;
     }
     Ok(count)
 }
@@ -49,10 +50,10 @@ pub(crate) fn index_select(
     if n == 0 {
         return Ok(());
     }
-    let params = [word(OP, n)?, word(OP, size)?, word(OP, count)?, word(OP, inner)?];
+    let params = gather_params(OP, n, size, count, inner)?;
     // Words are moved as u32 whatever the dtype: bind the operands as such.
     let args = [(1, Arg::input(x)), (2, Arg::input(idx)), (4, Arg::output(out))];
-    be.launch(OP, Kernel::Index(Ty::U32), "gather", &args, &params, be.grid_for(OP, n)?)
+    be.launch(OP, Kernel::Index(Ty::U32), "gather", &args, words(&params), be.grid_for(OP, n)?)
 }
 
 pub(crate) fn scatter_add(
@@ -88,7 +89,12 @@ pub(crate) fn scatter_add(
     if n == 0 {
         return Ok(());
     }
-    let params = [word(OP, n)?, word(OP, size)?, word(OP, count)?, word(OP, inner)?];
+    let params = gather_params(OP, n, size, count, inner)?;
     let args = [(1, Arg::input(src)), (2, Arg::input(idx)), (3, Arg::input(dest)), (4, Arg::output(out))];
-    be.launch(OP, Kernel::Index(t), "scatter", &args, &params, be.grid_for(OP, n)?)
+    be.launch(OP, Kernel::Index(t), "scatter", &args, words(&params), be.grid_for(OP, n)?)
+}
+
+/// The parameters of `gather` and `scatter`.
+fn gather_params(op: &'static str, n: usize, size: usize, count: usize, inner: usize) -> Result<Index> {
+    Ok(Index { n: word(op, n)?, size: word(op, size)?, count: word(op, count)?, inner: word(op, inner)?, slot: 0 })
 }

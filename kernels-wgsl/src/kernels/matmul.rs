@@ -10,6 +10,7 @@ use kiln_core::{DType, Error, Result};
 
 use super::unsupported_dtype;
 use crate::geometry::word;
+use crate::params::{words, Chunks, MatMul};
 use crate::shaders::{Kernel, MAX_DIMS};
 use crate::{Arg, WgpuBackend};
 
@@ -54,15 +55,21 @@ pub(crate) fn matmul(
     if out.numel() == 0 {
         return Ok(());
     }
-    let mut params = vec![0u32; 37];
-    for (i, v) in [m, n, k, ma.rs, ma.cs, mb.rs, mb.cs].into_iter().enumerate() {
-        params[i] = word(OP, v)?;
-    }
-    params[7] = cd.len() as u32;
+    let mut params = MatMul {
+        m: word(OP, m)?,
+        n: word(OP, n)?,
+        k: word(OP, k)?,
+        a_row: word(OP, ma.rs)?,
+        a_col: word(OP, ma.cs)?,
+        b_row: word(OP, mb.rs)?,
+        b_col: word(OP, mb.cs)?,
+        batch_rank: cd.len() as u32,
+        ..MatMul::default()
+    };
     for d in 0..cd.len() {
-        params[8 + d] = word(OP, cd[d])?;
-        params[16 + d] = word(OP, cs[0][d])?;
-        params[24 + d] = word(OP, cs[1][d])?;
+        params.batch_dims[d] = word(OP, cd[d])?;
+        params.a_batch[d] = word(OP, cs[0][d])?;
+        params.b_batch[d] = word(OP, cs[1][d])?;
     }
     let gx = word(OP, n.div_ceil(TILE))?;
     let gy = word(OP, m.div_ceil(TILE))?;
@@ -71,7 +78,7 @@ pub(crate) fn matmul(
         return Err(Error::unsupported(OP, format!("{m} x {n} outputs exceed this adapter's dispatch grid")));
     }
     let chunks = k.div_ceil(K_CHUNK);
-    params[33] = word(OP, if chunks <= 1 { k.max(1) } else { K_CHUNK })?;
+    params.chunk = word(OP, if chunks <= 1 { k.max(1) } else { K_CHUNK })?;
     let products = Products { be, params, grid: (gx, gy, max_z), batches, a, b };
     if chunks <= 1 {
         return products.launch_chunks(0, 1, Dest::Out(out), 0);
@@ -139,7 +146,7 @@ impl Dest<'_, '_> {
 
 struct Products<'a, 'b> {
     be: &'a WgpuBackend,
-    params: Vec<u32>,
+    params: MatMul,
     /// Workgroups along x and y, and the adapter's z limit.
     grid: (u32, u32, usize),
     batches: usize,
@@ -151,20 +158,20 @@ impl Products<'_, '_> {
     /// Dispatch `main` for chunks first .. first + count of every batch,
     /// chunk c's products at c * stride of `dest`.
     fn launch_chunks(&self, first: usize, count: usize, dest: Dest<'_, '_>, stride: usize) -> Result<()> {
-        let mut params = self.params.clone();
-        params[34] = word(OP, first)?;
-        params[35] = word(OP, count)?;
-        params[36] = word(OP, stride)?;
+        let mut params = self.params;
+        params.first_chunk = word(OP, first)?;
+        params.chunks = word(OP, count)?;
+        params.chunk_stride = word(OP, stride)?;
         let (gx, gy, max_z) = self.grid;
         let per_dispatch = (max_z / count).max(1);
-        let len = stride * (count - 1) + self.batches * (params[0] as usize) * (params[1] as usize);
+        let len = stride * (count - 1) + self.batches * (params.m as usize) * (params.n as usize);
         let args = [(1, Arg::input(self.a)), (2, Arg::input(self.b)), (3, dest.arg(len))];
         let mut batch = 0;
         while batch < self.batches {
             let n = (self.batches - batch).min(per_dispatch);
-            params[32] = word(OP, batch)?;
+            params.first_batch = word(OP, batch)?;
             let z = word(OP, n * count)?;
-            self.be.launch(OP, Kernel::MatMul, "main", &args, &params, [gx, gy, z])?;
+            self.be.launch(OP, Kernel::MatMul, "main", &args, words(&params), [gx, gy, z])?;
             batch += n;
         }
         Ok(())
@@ -186,21 +193,22 @@ impl Products<'_, '_> {
             loop {
                 let groups = items.div_ceil(FAN_IN);
                 let input = Arg::Buffer { id: current, dtype: DType::F32, len: items * outputs, write: false };
-                let params = [word(OP, outputs)?, word(OP, items)?];
+                let params = Chunks { outputs: word(OP, outputs)?, products: word(OP, items)? };
+                let params = words(&params);
                 let grid = be.grid_for(OP, outputs * groups)?;
                 if groups == 1 {
                     return be.launch(
                         OP,
-                        Kernel::MatMul,
+                        Kernel::Chunks,
                         "combine",
                         &[(1, input), (3, dest.arg(outputs))],
-                        &params,
+                        params,
                         grid,
                     );
                 }
                 let next = be.scratch(DType::F32, groups * outputs)?;
                 let output = Arg::Buffer { id: next, dtype: DType::F32, len: groups * outputs, write: true };
-                let launched = be.launch(OP, Kernel::MatMul, "combine", &[(1, input), (3, output)], &params, grid);
+                let launched = be.launch(OP, Kernel::Chunks, "combine", &[(1, input), (3, output)], params, grid);
                 be.free_scratch(current);
                 current = next;
                 launched?;
@@ -218,5 +226,6 @@ fn accumulate(be: &WgpuBackend, below: BufferId, top: BufferId, outputs: usize) 
         (1, Arg::Buffer { id: top, dtype: DType::F32, len: outputs, write: false }),
         (3, Arg::Buffer { id: below, dtype: DType::F32, len: outputs, write: true }),
     ];
-    be.launch(OP, Kernel::MatMul, "accumulate", &args, &[word(OP, outputs)?], be.grid_for(OP, outputs)?)
+    let params = Chunks { outputs: word(OP, outputs)?, products: 0 };
+    be.launch(OP, Kernel::Chunks, "accumulate", &args, words(&params), be.grid_for(OP, outputs)?)
 }

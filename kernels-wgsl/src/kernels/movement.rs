@@ -8,6 +8,7 @@ use kiln_core::{Error, Result};
 
 use super::elementwise::{contiguous, fill};
 use crate::geometry::strided;
+use crate::params::words;
 use crate::shaders::Kernel;
 use crate::{Arg, WgpuBackend};
 
@@ -24,7 +25,7 @@ fn copy(
     }
     let params = strided(op, dims, &[(src_base, src_strides), (dst_base, dst_strides)])?;
     let args = [(1, Arg::input(src)), (2, Arg::output(dst))];
-    be.launch(op, Kernel::Copy, "main", &args, &params, be.grid_for(op, dims.iter().product())?)
+    be.launch(op, Kernel::Copy, "main", &args, words(&params), be.grid_for(op, dims.iter().product())?)
 }
 
 /// Read `x` through (base, strides) into the contiguous output.

@@ -8,6 +8,7 @@ use kiln_core::{DType, Result};
 
 use super::unsupported_dtype;
 use super::window::geometry;
+use crate::params::{words, Pool};
 use crate::shaders::Kernel;
 use crate::{Arg, WgpuBackend};
 
@@ -33,11 +34,11 @@ pub(crate) fn max_pool2d(
     if n == 0 {
         return Ok(());
     }
-    let mut params = geometry(OP, window, n, x.numel(), [d[2], d[3]], [oh, ow])?;
+    let window = geometry(OP, window, n, x.numel(), [d[2], d[3]], [oh, ow])?;
     // A window holding no pixel (possible with explicit asymmetric padding).
-    params.push(f32::NEG_INFINITY.to_bits());
+    let params = Pool { window, empty: f32::NEG_INFINITY };
     let args = [(1, Arg::input(x)), (3, Arg::output(out))];
-    be.launch(OP, Kernel::Pool, "forward", &args, &params, be.grid_for(OP, n)?)
+    be.launch(OP, Kernel::Pool, "forward", &args, words(&params), be.grid_for(OP, n)?)
 }
 
 pub(crate) fn max_pool2d_backward(
@@ -62,8 +63,8 @@ pub(crate) fn max_pool2d_backward(
     if n == 0 {
         return Ok(());
     }
-    let mut params = geometry(OP, window, n, n.max(grad.numel()), [d[2], d[3]], [oh, ow])?;
-    params.push(f32::NEG_INFINITY.to_bits());
+    let window = geometry(OP, window, n, n.max(grad.numel()), [d[2], d[3]], [oh, ow])?;
+    let params = Pool { window, empty: f32::NEG_INFINITY };
     let args = [(1, Arg::input(x)), (2, Arg::input(grad)), (3, Arg::output(out))];
-    be.launch(OP, Kernel::Pool, "backward", &args, &params, be.grid_for(OP, n)?)
+    be.launch(OP, Kernel::Pool, "backward", &args, words(&params), be.grid_for(OP, n)?)
 }

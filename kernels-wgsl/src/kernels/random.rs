@@ -8,6 +8,7 @@ use kiln_core::{DType, Result};
 
 use super::unsupported_dtype;
 use crate::geometry::word;
+use crate::params::{words, Random};
 use crate::shaders::Kernel;
 use crate::{Arg, WgpuBackend};
 
@@ -26,7 +27,6 @@ pub(crate) fn random(
     if n == 0 {
         return Ok(());
     }
-    let [k0, k1] = seed_keys(seed);
-    let params = [word(op, n)?, k0, k1];
-    be.launch(op, Kernel::Random, entry, &[(1, Arg::output(out))], &params, be.grid_for(op, n)?)
+    let params = Random { n: word(op, n)?, keys: seed_keys(seed) };
+    be.launch(op, Kernel::Random, entry, &[(1, Arg::output(out))], words(&params), be.grid_for(op, n)?)
 }

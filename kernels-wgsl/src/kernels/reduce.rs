@@ -12,6 +12,7 @@ use kiln_core::{DType, Result};
 use super::elementwise::contiguous;
 use super::{ty, unsupported_dtype};
 use crate::geometry::{group, word};
+use crate::params::{words, Reduce};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
 
@@ -46,20 +47,19 @@ pub(crate) fn reduce(
     if !arg && ty(x.dtype) == Ty::U32 {
         return Err(unsupported_dtype(name, x.dtype));
     }
-    let (kr, kdims, kstrides) = group(name, &kd, &ks)?;
-    let (rr, rdims, rstrides) = group(name, &rd, &rs)?;
-    let mut params = vec![word(name, outputs)?, kr];
-    params.extend(kdims);
-    params.extend(kstrides);
-    params.push(rr);
-    params.extend(rdims);
-    params.extend(rstrides);
-    params.push(word(name, block)?);
-    params.extend([0, 0]); // p[36] workgroups per output, p[37] partials per output
+    let params = Reduce {
+        outputs: word(name, outputs)?,
+        kept: group(name, &kd, &ks)?,
+        reduced: group(name, &rd, &rs)?,
+        block: word(name, block)?,
+        // Set per pass.
+        groups: 0,
+        parts: 0,
+    };
     if block <= LEAF {
         let args = [(1, Arg::input(x)), (2, Arg::output(out))];
         let groups = be.grid_for(name, outputs)?;
-        return be.launch(name, Kernel::Reduce(op, ty(x.dtype)), "serial", &args, &params, groups);
+        return be.launch(name, Kernel::Reduce(op, ty(x.dtype)), "serial", &args, words(&params), groups);
     }
     passes(be, name, Kernel::Reduce(op, ty(x.dtype)), (x, out), outputs, block.div_ceil(LEAF), params)
 }
@@ -74,14 +74,14 @@ fn passes(
     (x, out): (&TensorRef<'_>, &TensorRef<'_>),
     outputs: usize,
     leaves: usize,
-    mut params: Vec<u32>,
+    mut params: Reduce,
 ) -> Result<()> {
     let mut items = leaves;
     let mut input: Option<BufferId> = None;
     let result = (|| loop {
         let groups = items.div_ceil(FAN_IN);
-        params[36] = word(name, groups)?;
-        params[37] = word(name, items)?;
+        params.groups = word(name, groups)?;
+        params.parts = word(name, items)?;
         let total = outputs.checked_mul(groups).ok_or_else(|| too_many(name, outputs, groups))?;
         let grid = be.ctx().grid(name, total as u64)?;
         let source = match input {
@@ -91,13 +91,13 @@ fn passes(
         let first = input.is_none();
         if groups == 1 {
             let entry = if first { "leaves_to_out" } else { "parts_to_out" };
-            return be.launch(name, kernel, entry, &[source, (2, Arg::output(out))], &params, grid);
+            return be.launch(name, kernel, entry, &[source, (2, Arg::output(out))], words(&params), grid);
         }
         let len = 2 * total;
         let parts = be.scratch(PART_DTYPE, len)?;
         let entry = if first { "leaves_to_parts" } else { "parts_to_parts" };
         let sink = (3, Arg::Buffer { id: parts, dtype: PART_DTYPE, len, write: true });
-        let launched = be.launch(name, kernel, entry, &[source, sink], &params, grid);
+        let launched = be.launch(name, kernel, entry, &[source, sink], words(&params), grid);
         if let Some(old) = input.replace(parts) {
             be.free_scratch(old);
         }

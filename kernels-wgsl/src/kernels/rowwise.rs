@@ -6,6 +6,7 @@ use kiln_core::{DType, Result};
 
 use super::unsupported_dtype;
 use crate::geometry::word;
+use crate::params::{words, Rowwise};
 use crate::shaders::Kernel;
 use crate::{Arg, WgpuBackend};
 
@@ -35,9 +36,9 @@ pub(crate) fn causal_softmax(
     }
     word(OP, n)?;
     let rows = n / s;
-    let params = [word(OP, rows)?, l32, s32, diagonal as u32];
+    let params = Rowwise { rows: word(OP, rows)?, l: l32, s: s32, diagonal };
     let (entry, groups) =
         if s < TREE_FROM { ("serial", be.grid_for(OP, rows)?) } else { ("tree", be.ctx().grid(OP, rows as u64)?) };
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-    be.launch(OP, Kernel::Rowwise, entry, &args, &params, groups)
+    be.launch(OP, Kernel::Rowwise, entry, &args, words(&params), groups)
 }

@@ -9,6 +9,7 @@ use kiln_core::Result;
 
 use super::{ty, unsupported_dtype};
 use crate::geometry::word;
+use crate::params::{words, Window};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
 
@@ -22,18 +23,21 @@ pub(crate) fn geometry(
     largest: usize,
     [h, w]: [usize; 2],
     [oh, ow]: [usize; 2],
-) -> Result<Vec<u32>> {
+) -> Result<Window> {
     for a in 0..2 {
         let image = [h, w][a];
         word(op, image + window.pad_begin[a] as usize + window.pad_end[a] as usize)?;
     }
     word(op, largest)?;
-    let mut p = vec![word(op, n)?, word(op, h)?, word(op, w)?, word(op, oh)?, word(op, ow)?];
-    p.extend(window.kernel);
-    p.extend(window.stride);
-    p.extend(window.dilation);
-    p.extend(window.pad_begin);
-    Ok(p)
+    Ok(Window {
+        n: word(op, n)?,
+        image: [word(op, h)?, word(op, w)?],
+        positions: [word(op, oh)?, word(op, ow)?],
+        kernel: window.kernel,
+        stride: window.stride,
+        dilation: window.dilation,
+        pad: window.pad_begin,
+    })
 }
 
 /// The storage type of an Im2Col/Col2Im operand: f32 or i32 (the CPU's
@@ -62,7 +66,7 @@ pub(crate) fn im2col(be: &WgpuBackend, window: &Window2d, [x]: &[TensorRef<'_>; 
     }
     let params = geometry(OP, window, n, x.numel(), [d[2], d[3]], [oh, ow])?;
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-    be.launch(OP, Kernel::Window(t), "im2col", &args, &params, be.grid_for(OP, n)?)
+    be.launch(OP, Kernel::Window(t), "im2col", &args, words(&params), be.grid_for(OP, n)?)
 }
 
 pub(crate) fn col2im(
@@ -88,5 +92,5 @@ pub(crate) fn col2im(
     }
     let params = geometry(OP, window, n, cols.numel(), [h, w], [oh, ow])?;
     let args = [(1, Arg::input(cols)), (2, Arg::output(out))];
-    be.launch(OP, Kernel::Window(t), "col2im", &args, &params, be.grid_for(OP, n)?)
+    be.launch(OP, Kernel::Window(t), "col2im", &args, words(&params), be.grid_for(OP, n)?)
 }

@@ -1,23 +1,32 @@
 // binary.wgsl — broadcasting binary ops and comparisons:
-// out[i] = f(a[offset_a(i)], b[offset_b(i)]).
+// out[i] = op(a[offset_a(i)], b[offset_b(i)]).
 //
-// Bindings: 0 params (strided geometry, common.wgsl: operand 0 = a,
-// operand 1 = b; broadcast axes have stride 0), 1 a: array<{TI}> (read),
-// 2 b: array<{TI}> (read), 3 out: array<{TO}> (read_write, contiguous).
-// Workgroup: 256 threads, one output element each. Launch: ceil(n / 256)
-// workgroups folded into a 2-D grid.
-// Specialisation: {TI} operand type (f32, i32, u32 = bool for comparisons),
-// {TO} output type ({TI}, or u32 for comparisons), {EXPR} an expression of
-// `a` and `b` (the two operand values), e.g. `a + b` or `cmp(a < b)`.
+// Bindings: 0 params: Strided (common.wgsl; operand 0 = a, operand 1 = b,
+// broadcast axes have stride 0), 1 a: array<TI> (read), 2 b: array<TI>
+// (read), 3 out: array<TO> (read_write, contiguous).
+// Launch: ceil(n / WG) workgroups folded into a 2-D grid, one output element
+// per thread.
+// Specialisation (shaders.rs replaces these whole declarations): `TI` the
+// operand type (f32, i32, u32 = bool for comparisons), `TO` the output type
+// (TI, or u32 for comparisons) and `op`, an expression of `a` and `b`, e.g.
+// `return a + b;` or `return cmp(a < b);`. As written: f32 addition.
 //
 // i32 arithmetic wraps (WGSL's integer semantics, like the CPU's wrapping
 // ops). Maximum/Minimum propagate NaN and keep `a` on ties, as the CPU does.
 // Comparisons are IEEE: every ordered comparison with NaN is false and
 // NotEqual is written `!(a == b)` so that it is true for NaN.
 
-@group(0) @binding(1) var<storage, read> in_a: array<{TI}>;
-@group(0) @binding(2) var<storage, read> in_b: array<{TI}>;
-@group(0) @binding(3) var<storage, read_write> out: array<{TO}>;
+alias TI = f32;
+alias TO = f32;
+
+fn op(a: TI, b: TI) -> TO {
+    return a + b;
+}
+
+@group(0) @binding(0) var<storage, read> params: Strided;
+@group(0) @binding(1) var<storage, read> in_a: array<TI>;
+@group(0) @binding(2) var<storage, read> in_b: array<TI>;
+@group(0) @binding(3) var<storage, read_write> out: array<TO>;
 
 fn cmp(c: bool) -> u32 {
     return select(0u, 1u, c);
@@ -74,15 +83,12 @@ fn pow_f(a: f32, b: f32) -> f32 {
     return r;
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = flat_id(wid, nwg, lid);
-    if (i >= p[0]) {
+@compute @workgroup_size(WG)
+fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if (i >= params.n) {
         return;
     }
-    let o = offsets(i);
-    let a = in_a[o.x];
-    let b = in_b[o.y];
-    out[i] = {EXPR};
+    let o = offsets(params, i);
+    out[i] = op(in_a[o.x], in_b[o.y]);
 }

@@ -1,31 +1,49 @@
-// common.wgsl — prepended by the host to every kernel below; not a kernel.
+// common.wgsl — the declarations every kernel file shares; the host puts it
+// in front of each file (WGSL has no imports), and it validates on its own.
 //
-// Binding 0 of group 0 is always the dispatch's parameter block: u32 words
-// (f32 values travel as their bits) that the host appends to the current
-// execution's parameter arena and binds at this dispatch's own offset, so no
-// two dispatches of one command encoder share (or overwrite) parameters.
+// Parameters: binding 0 of group 0 is always the dispatch's parameter
+// struct, declared by each kernel file (`params`) and mirrored field for
+// field by a `#[repr(C)]` struct of the same name in kernels-wgsl's
+// `params.rs` (a test compares the two layouts through naga). The host
+// appends it to the execution's parameter arena and binds it at this
+// dispatch's own offset, so no two dispatches of one command encoder share
+// (or overwrite) parameters.
 //
-// One-dimensional launches of WG-thread workgroups are folded into a 2-D grid
-// (x <= the adapter's per-dimension limit, usually 65,535; y as needed):
-// `flat_id` turns (workgroup, lane) back into one linear index, and every
-// kernel returns early for indices past its element count.
+// Launch: one-dimensional launches of WG-thread workgroups are folded into
+// a 2-D grid (x <= the adapter's per-dimension limit, usually 65,535; y as
+// needed). Every entry point takes the same inputs, a `Workgroup` and the
+// thread's `local_invocation_index`; `flat_id` turns them back into one
+// linear index, and kernels return early for indices past their count.
 
-@group(0) @binding(0) var<storage, read> p: array<u32>;
-
+// Threads per workgroup of every kernel (`shaders::WG` on the host).
 const WG: u32 = 256u;
+// Highest rank of the strided kernels after the host has collapsed
+// contiguous and unit axes (`shaders::MAX_DIMS`).
 const MAX_DIMS: u32 = 8u;
 
-fn flat_group(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.y * nwg.x + wid.x;
+// The entry-point inputs shared by a whole workgroup. Kept apart from the
+// thread's own index: WGSL's uniformity analysis treats a struct holding
+// any per-thread value as per-thread, and the kernels that synchronise
+// (workgroupBarrier) branch on the workgroup's number before they do.
+struct Workgroup {
+    @builtin(workgroup_id) id: vec3<u32>,
+    @builtin(num_workgroups) count: vec3<u32>,
 }
 
-fn flat_id(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-    return flat_group(wid, nwg) * WG + lid;
+// The workgroup's linear number in the folded grid.
+fn flat_group(wg: Workgroup) -> u32 {
+    return wg.id.y * wg.count.x + wg.id.x;
 }
 
-// Parameter word i read as an f32.
-fn pf(i: u32) -> f32 {
-    return bitcast<f32>(p[i]);
+// The thread's linear index in the folded grid (lid: its
+// local_invocation_index).
+fn flat_id(wg: Workgroup, lid: u32) -> u32 {
+    return flat_group(wg) * WG + lid;
+}
+
+// The parameters of kernels that need nothing but their element count.
+struct Count {
+    n: u32,
 }
 
 // By bits, so that no compiler may assume NaNs away.
@@ -33,51 +51,75 @@ fn is_nan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }
 
-// The strided-geometry block shared by element-wise and copy kernels:
-//   p[0] element count, p[1] rank r <= MAX_DIMS, p[2 .. 2 + r] dims,
-//   operand k (0..3): p[10 + 9k] base offset, p[11 + 9k .. 11 + 9k + r] strides
-//   (in elements; 0 along broadcast axes). Unused operands are all zeros.
-// Unravels the row-major index i over the dims once and returns the offsets
+// One operand of a strided iteration: its base offset and its strides (in
+// elements; 0 along broadcast axes) over the iteration dims.
+struct Operand {
+    base: u32,
+    strides: array<u32, MAX_DIMS>,
+}
+
+// The strided-geometry parameters of binary.wgsl, where.wgsl and
+// movement.wgsl: n elements over `rank` <= MAX_DIMS dims, up to four
+// operands (unused ones all zeros).
+struct Strided {
+    n: u32,
+    rank: u32,
+    dims: array<u32, MAX_DIMS>,
+    operands: array<Operand, 4>,
+}
+
+// Unravels the row-major index i over g's dims once and returns the offsets
 // of the four operands.
-fn offsets(i: u32) -> vec4<u32> {
+fn offsets(g: Strided, i: u32) -> vec4<u32> {
     var rem = i;
-    var off = vec4<u32>(p[10u], p[19u], p[28u], p[37u]);
-    let rank = p[1];
-    for (var d = rank; d > 0u; d = d - 1u) {
-        let n = p[1u + d];
+    var off = vec4<u32>(g.operands[0].base, g.operands[1].base, g.operands[2].base, g.operands[3].base);
+    for (var d = g.rank; d > 0u; d = d - 1u) {
+        let n = g.dims[d - 1u];
         let k = rem % n;
         rem = rem / n;
-        off += k * vec4<u32>(p[10u + d], p[19u + d], p[28u + d], p[37u + d]);
+        let s = vec4<u32>(g.operands[0].strides[d - 1u], g.operands[1].strides[d - 1u],
+                          g.operands[2].strides[d - 1u], g.operands[3].strides[d - 1u]);
+        off += k * s;
     }
     return off;
 }
 
-// The window geometry block of window.wgsl and pool.wgsl: p[1] h, p[2] w
-// (image), p[3] oh, p[4] ow (window positions), p[5] kh, p[6] kw (kernel),
-// p[7] sh, p[8] sw (stride), p[9] dh, p[10] dw (dilation), p[11] ph, p[12] pw
-// (padding before the image). Axis a is 0 for rows, 1 for columns; NONE
-// marks "no such pixel / position" (the host keeps real ones below it).
+// The window geometry of window.wgsl and pool.wgsl: n output elements; per
+// axis a (0 rows, 1 columns) the image size, the number of window
+// positions, the kernel size, stride, dilation and the padding before the
+// image (padding after it only shows through `positions`).
+struct Window {
+    n: u32,
+    image: array<u32, 2>,
+    positions: array<u32, 2>,
+    kernel: array<u32, 2>,
+    stride: array<u32, 2>,
+    dilation: array<u32, 2>,
+    pad: array<u32, 2>,
+}
+
+// "No such pixel / position" (the host keeps real ones below it).
 const NONE: u32 = 0xffffffffu;
 
 // The image coordinate along axis a of kernel tap k of window position o,
 // or NONE when it falls in the padding.
-fn window_pixel(a: u32, o: u32, k: u32) -> u32 {
-    let padded = o * p[7u + a] + k * p[9u + a];
-    if (padded < p[11u + a] || padded - p[11u + a] >= p[1u + a]) {
+fn window_pixel(g: Window, a: u32, o: u32, k: u32) -> u32 {
+    let padded = o * g.stride[a] + k * g.dilation[a];
+    if (padded < g.pad[a] || padded - g.pad[a] >= g.image[a]) {
         return NONE;
     }
-    return padded - p[11u + a];
+    return padded - g.pad[a];
 }
 
 // The window position along axis a whose kernel tap k lands on padded
 // coordinate `padded`, or NONE when no window position does.
-fn window_position(a: u32, padded: u32, k: u32) -> u32 {
-    let d = k * p[9u + a];
-    if (d > padded || (padded - d) % p[7u + a] != 0u) {
+fn window_position(g: Window, a: u32, padded: u32, k: u32) -> u32 {
+    let d = k * g.dilation[a];
+    if (d > padded || (padded - d) % g.stride[a] != 0u) {
         return NONE;
     }
-    let o = (padded - d) / p[7u + a];
-    if (o >= p[3u + a]) {
+    let o = (padded - d) / g.stride[a];
+    if (o >= g.positions[a]) {
         return NONE;
     }
     return o;

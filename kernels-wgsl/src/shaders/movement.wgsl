@@ -2,12 +2,12 @@
 // SliceBackward and Concat: dst[offset_dst(i)] = src[offset_src(i)] for every
 // index i of the iteration dims.
 //
-// Bindings: 0 params (strided geometry, common.wgsl: operand 0 = src,
-// operand 1 = dst), 1 src: array<u32> (read), 2 dst: array<u32> (read_write).
+// Bindings: 0 params: Strided (common.wgsl; operand 0 = src, operand 1 =
+// dst), 1 src: array<u32> (read), 2 dst: array<u32> (read_write).
 // Elements are moved as 32-bit words whatever their dtype (f32 and i32 bits,
 // bools stored as 0/1 words), so one variant serves every dtype.
-// Workgroup: 256 threads, one element each. Launch: ceil(n / 256) workgroups
-// folded into a 2-D grid.
+// Launch: ceil(n / WG) workgroups folded into a 2-D grid, one element per
+// thread.
 //
 // Permute/Expand/Slice: dst contiguous, src read through permuted, zero
 // (broadcast) or stepped strides plus a base offset. Concat: one dispatch per
@@ -15,16 +15,16 @@
 // SliceBackward: a zero Full, then the gradient written at the slice's
 // strides. Reshape needs no kernel (a buffer copy).
 
+@group(0) @binding(0) var<storage, read> params: Strided;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = flat_id(wid, nwg, lid);
-    if (i >= p[0]) {
+@compute @workgroup_size(WG)
+fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if (i >= params.n) {
         return;
     }
-    let o = offsets(i);
+    let o = offsets(params, i);
     dst[o.y] = src[o.x];
 }

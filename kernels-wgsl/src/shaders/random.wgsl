@@ -3,11 +3,11 @@
 // bit (32-bit integer operations only; u32 arithmetic wraps in WGSL as
 // `wrapping_*` does in Rust).
 //
-// Bindings: 0 params, 1 out: array<f32> (read_write).
-// Params: p[0] n, p[1] key 0, p[2] key 1 (`seed_keys(seed)`, computed on the
-// host since WGSL has no 64-bit integers).
-// Workgroup: 256 threads, one element each. Launch: ceil(n / 256) workgroups
-// folded into a 2-D grid.
+// Bindings: 0 params: Random, 1 out: array<f32> (read_write).
+// Params: n, `keys` (`seed_keys(seed)`, computed on the host since WGSL has
+// no 64-bit integers).
+// Launch: ceil(n / WG) workgroups folded into a 2-D grid, one element per
+// thread.
 //
 // Entry points:
 // - `uniform`: (bits(i) >> 8) · 2^-24 — exact, so bit-identical to the CPU.
@@ -19,6 +19,12 @@
 //   out negative; cos: 2^-11 absolute, and only on [-π, π]): within a few
 //   ulps of the CPU's libm on every driver.
 
+struct Random {
+    n: u32,
+    keys: array<u32, 2>,
+}
+
+@group(0) @binding(0) var<storage, read> params: Random;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 
 // lowbias32 (kiln_core::random::hash32).
@@ -32,9 +38,9 @@ fn hash32(v: u32) -> u32 {
     return x;
 }
 
-// kiln_core::random::bits with the keys p[1], p[2].
+// kiln_core::tensor_rng::bits with the keys of the params.
 fn bits(i: u32) -> u32 {
-    return hash32((hash32(i ^ p[1]) + p[2]) ^ 0x2c1b3c6du);
+    return hash32((hash32(i ^ params.keys[0]) + params.keys[1]) ^ 0x2c1b3c6du);
 }
 
 fn uniform01(i: u32) -> f32 {
@@ -69,21 +75,19 @@ fn cos_f32(t: f32) -> f32 {
     }
 }
 
-@compute @workgroup_size(256)
-fn uniform(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lid: u32) {
-    let i = flat_id(wid, nwg, lid);
-    if (i >= p[0]) {
+@compute @workgroup_size(WG)
+fn uniform(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if (i >= params.n) {
         return;
     }
     out[i] = uniform01(i);
 }
 
-@compute @workgroup_size(256)
-fn normal(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
-    let i = flat_id(wid, nwg, lid);
-    if (i >= p[0]) {
+@compute @workgroup_size(WG)
+fn normal(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if (i >= params.n) {
         return;
     }
     // u1 in (0, 1] (exact: 1 - k·2^-24), u2 in [0, 1).

@@ -1,9 +1,9 @@
 // rowwise.wgsl — CausalSoftmax: softmax over the last axis of [..., L, S]
 // keeping, in row i (position i along L), the keys j with j - i <= diagonal.
 //
-// Bindings: 0 params, 1 x: array<f32> (read), 2 out: array<f32> (read_write).
-// Params: p[0] rows (all matrices together), p[1] L, p[2] S, p[3] diagonal
-// (an i32 as its bits).
+// Bindings: 0 params: Rowwise, 1 x: array<f32> (read), 2 out: array<f32>
+// (read_write).
+// Params: `rows` (all matrices together), `l` L, `s` S, `diagonal`.
 //
 // A row keeps its first `kept` = clamp(i + diagonal + 1, 0, S) entries; the
 // rest are 0. Entries of -inf count as masked: a row whose kept entries are
@@ -12,20 +12,28 @@
 //
 // Entry points:
 // - `serial`: one thread per row: max, sum of exponentials and quotients in
-//   index order (the CPU's order). Launch: ceil(rows / 256) workgroups
+//   index order (the CPU's order). Launch: ceil(rows / WG) workgroups
 //   folded into a 2-D grid.
 // - `tree`: one workgroup per row (long rows): thread t covers entries t,
-//   t + 256, ...; a fixed binary tree in workgroup memory combines the
+//   t + WG, ...; a fixed binary tree in workgroup memory combines the
 //   partial maxima, then the partial sums. No atomics: the same input gives
 //   the same bits on every run. Launch: `rows` workgroups folded into 2-D.
 
+struct Rowwise {
+    rows: u32,
+    l: u32,
+    s: u32,
+    diagonal: i32,
+}
+
+@group(0) @binding(0) var<storage, read> params: Rowwise;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
 // Entries the row keeps (the causal limit).
 fn kept(row: u32) -> u32 {
-    let i = i32(row % p[1]);
-    return u32(clamp(i + bitcast<i32>(p[3]) + 1, 0, i32(p[2])));
+    let i = i32(row % params.l);
+    return u32(clamp(i + params.diagonal + 1, 0, i32(params.s)));
 }
 
 fn is_neg_inf(v: f32) -> bool {
@@ -43,14 +51,13 @@ fn max_nan(a: f32, v: f32) -> f32 {
     return a;
 }
 
-@compute @workgroup_size(256)
-fn serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
-    let r = flat_id(wid, nwg, lid);
-    if (r >= p[0]) {
+@compute @workgroup_size(WG)
+fn serial(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let r = flat_id(wg, lid);
+    if (r >= params.rows) {
         return;
     }
-    let s = p[2];
+    let s = params.s;
     let base = r * s;
     let k = kept(r);
     var m = 0.0;
@@ -81,19 +88,18 @@ fn serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
 }
 
-var<workgroup> partial: array<f32, 256>;
-var<workgroup> seen: array<u32, 256>;
+var<workgroup> partial: array<f32, WG>;
+var<workgroup> seen: array<u32, WG>;
 
-@compute @workgroup_size(256)
-fn tree(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+@compute @workgroup_size(WG)
+fn tree(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     // One row per workgroup: `r` is uniform, so the early return and the
     // barriers below are uniform control flow.
-    let r = flat_group(wid, nwg);
-    if (r >= p[0]) {
+    let r = flat_group(wg);
+    if (r >= params.rows) {
         return;
     }
-    let s = p[2];
+    let s = params.s;
     let base = r * s;
     let k = kept(r);
     // Partial maxima; `seen` marks lanes that hold at least one entry.

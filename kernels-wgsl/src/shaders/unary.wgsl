@@ -1,19 +1,27 @@
-// unary.wgsl — element-wise unary ops on contiguous data: out[i] = f(x[i]).
+// unary.wgsl — element-wise unary ops on contiguous data: out[i] = op(x[i]).
 //
-// Bindings: 0 params (p[0] = n), 1 x: array<{T}> (read), 2 out: array<{T}>
+// Bindings: 0 params: Count, 1 x: array<T> (read), 2 out: array<T>
 // (read_write).
-// Workgroup: 256 threads, one element each. Launch: ceil(n / 256) workgroups
-// folded into a 2-D grid (see common.wgsl).
-// Specialisation: {T} (f32 or i32) and {EXPR}, an expression of `v` (the
-// input element) — one of the functions below, e.g. `op_exp(v)`.
+// Launch: ceil(n / WG) workgroups folded into a 2-D grid (common.wgsl), one
+// element per thread.
+// Specialisation (shaders.rs replaces these whole declarations): `T` (f32 or
+// i32) and `op`, the op's expression of `v` — usually one of the functions
+// below, e.g. `return op_erf(v);`. As written: f32 identity.
 //
 // Semantics follow the CPU backend: Relu and Sign pass NaN through, Sigmoid
 // and Tanh are written in forms that cannot overflow to inf/inf, and erf/erfc
 // are FreeBSD's single-precision algorithms (as in the `libm` crate the CPU
 // uses) on top of the GPU's exp.
 
-@group(0) @binding(1) var<storage, read> x: array<{T}>;
-@group(0) @binding(2) var<storage, read_write> out: array<{T}>;
+alias T = f32;
+
+fn op(v: T) -> T {
+    return v;
+}
+
+@group(0) @binding(0) var<storage, read> params: Count;
+@group(0) @binding(1) var<storage, read> x: array<T>;
+@group(0) @binding(2) var<storage, read_write> out: array<T>;
 
 fn op_sigmoid(v: f32) -> f32 {
     if (v >= 0.0) {
@@ -230,13 +238,11 @@ fn op_expm1(v: f32) -> f32 {
     return exp(v) - 1.0;
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = flat_id(wid, nwg, lid);
-    if (i >= p[0]) {
+@compute @workgroup_size(WG)
+fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if (i >= params.n) {
         return;
     }
-    let v = x[i];
-    out[i] = {EXPR};
+    out[i] = op(x[i]);
 }

@@ -27,7 +27,9 @@ use std::cell::RefCell;
 
 use smallvec::SmallVec;
 
-use crate::backend::{checks, Backend, BufferId, Concurrency, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+#[cfg(feature = "rayon")]
+use crate::backend::Concurrency;
+use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::memory::try_vec;

@@ -13,7 +13,9 @@
 
 use smallvec::SmallVec;
 
-use super::layout::{for_chunks, for_chunks_weighted, Strided, PAR_THRESHOLD};
+#[cfg(feature = "rayon")]
+use super::layout::PAR_THRESHOLD;
+use super::layout::{for_chunks, for_chunks_weighted, Strided};
 use super::scalar::{Num, Scalar};
 use super::{with_any, with_num, In, Out};
 use crate::backend::checks;
@@ -273,8 +275,9 @@ fn leaves_per_task(leaves: usize) -> usize {
 }
 
 /// Whether `elements` are worth splitting across threads.
+#[cfg(feature = "rayon")]
 fn parallel_worth(elements: usize) -> bool {
-    cfg!(feature = "rayon") && elements.saturating_mul(COST) >= PAR_THRESHOLD
+    elements.saturating_mul(COST) >= PAR_THRESHOLD
 }
 
 /// The rule's value of `leaves` leaves, leaf q's value given by `value(q)`;
