@@ -280,12 +280,8 @@ pub fn w3_graph_overhead(device: &Device, backend: &str, counted: usize) -> Resu
         t.sort_by(|a, b| a.total_cmp(b));
         t[t.len() / 2]
     };
-    let notes = format!(
-        "per-op {:.2} us ({} graph nodes per run) {}",
-        median * 1e3 / 1000.0,
-        graph.len(),
-        counters.notes()
-    );
+    let notes =
+        format!("per-op {:.2} us ({} graph nodes per run) {}", median * 1e3 / 1000.0, graph.len(), counters.notes());
     Ok(summarize("W3", backend, times, notes))
 }
 
