@@ -115,12 +115,101 @@ async function loadCheckpoint(source, into) {
   into.loadStateDict(bytes);
   return bytes;
 }`;
+// checkCustomOp: kiln's Rust check_custom_op for ops registered from JS,
+// written with the public API (it needs a CPU Kiln: \`KilnClass\` is bound by
+// each entry point).
+const checkCustomOpSource = `/** Check a custom op as kiln's Rust check_custom_op does: its float32 forward on options.kiln's device
+ *  (on WebGPU: the WGSL kernel) against the CPU forward, and its backward against central finite
+ *  differences: first and second order in float64 on the CPU, and the float32 gradient computed on
+ *  the device. Resolves to a report; report.passed says whether every check passed. */
+async function checkCustomOp(op, inputs, options = {}) {
+  const name = 'checkCustomOp';
+  if (!Array.isArray(inputs) || inputs.length !== op.arity) {
+    throw new KilnError('InvalidArgument', name, name + ': ' + op.name + ' takes ' + op.arity + ' operands, ' + (Array.isArray(inputs) ? inputs.length : 'no array') + ' given');
+  }
+  const eps = options.eps ?? 1e-6, atol = options.atol ?? 1e-5, rtol = options.rtol ?? 1e-4;
+  const deviceAtol = options.deviceAtol ?? 1e-4, deviceRtol = options.deviceRtol ?? 1e-3;
+  const cpu = await KilnClass.create('cpu');
+  const device = options.kiln && options.kiln.device !== 'cpu' ? options.kiln : null;
+  const report = { op: op.name, device: device ? device.deviceInfo : null, parity: null, firstOrder: null, secondOrder: null, deviceGradient: null, passed: true, text: '' };
+  const compare = (expected, actual, a, r) => {
+    let worst = 0, index = 0;
+    for (let i = 0; i < expected.length; i++) {
+      const d = Math.abs(actual[i] - expected[i]);
+      const ratio = Number.isNaN(expected[i]) && Number.isNaN(actual[i]) ? 0 : Number.isNaN(d) ? Infinity : d / (a + r * Math.abs(expected[i]));
+      if (i === 0 || ratio > worst) { worst = ratio; index = i; }
+    }
+    return { passed: worst <= 1 && expected.length === actual.length, worst, index, expected: expected[index], actual: actual[index] };
+  };
+  const values = (x, Type, k, i, h) => { const v = Type.from(x.values); if (h) v[i] += h; return v; };
+  const graphs = [];
+  const graphOn = (kiln) => { const g = kiln.graph(); graphs.push(g); return g; };
+  const gc = graphOn(cpu);
+  try {
+    const forward = async (g, Type) => {
+      g.reset();
+      return Array.from(await op.apply(inputs.map((x) => g.tensor(Type.from(x.values), x.shape))).toArray());
+    };
+    if (device) report.parity = compare(await forward(gc, Float32Array), await forward(graphOn(device), Float32Array), atol, rtol);
+    if (op.hasBackward && options.gradients !== false) {
+      gc.reset();
+      const outShape = op.apply(inputs.map((x) => gc.tensor(Float64Array.from(x.values), x.shape))).shape;
+      const size = outShape.reduce((a, b) => a * b, 1);
+      const w = Float64Array.from({ length: size }, (_, i) => 0.5 + ((i * 7) % 11) / 10);
+      const v = inputs.map((x) => Float64Array.from(x.values, (_, i) => 1 - ((i * 5) % 9) / 8));
+      // The scalar checked: loss = sum(w * op(xs)); its gradient, and h = sum_k sum(v_k * dloss/dx_k).
+      const loss = (g, xs, Type) => op.apply(xs).mul(g.tensor(Type.from(w), outShape)).sum();
+      const gradients = async (g, Type, k, i, h) => {
+        g.reset();
+        const xs = inputs.map((x, j) => g.variable(values(x, Type, j, i, j === k ? h : 0), x.shape));
+        const grads = g.grad(loss(g, xs, Type), xs);
+        return { g, xs, grads, read: async () => Promise.all(grads.map(async (t) => Array.from(await t.toArray()))) };
+      };
+      const lossAt = async (k, i, h) => { gc.reset(); return loss(gc, inputs.map((x, j) => gc.tensor(values(x, Float64Array, j, i, j === k ? h : 0), x.shape)), Float64Array).item(); };
+      const hAt = async (k, i, h) => {
+        const { g, grads } = await gradients(gc, Float64Array, k, i, h);
+        let total = 0;
+        for (let j = 0; j < grads.length; j++) total += await grads[j].mul(g.tensor(v[j], inputs[j].shape)).sum().item();
+        return total;
+      };
+      const numeric = async (f) => {
+        const out = [];
+        for (let k = 0; k < inputs.length; k++) for (let i = 0; i < inputs[k].values.length; i++) out.push(((await f(k, i, eps)) - (await f(k, i, -eps))) / (2 * eps));
+        return out;
+      };
+      const first = (await (await gradients(gc, Float64Array, 0, 0, 0)).read()).flat();
+      const firstNumeric = await numeric(lossAt);
+      report.firstOrder = compare(firstNumeric, first, atol, rtol);
+      const { g, xs, grads } = await gradients(gc, Float64Array, 0, 0, 0);
+      let hSum = null;
+      for (let j = 0; j < grads.length; j++) { const t = grads[j].mul(g.tensor(v[j], inputs[j].shape)).sum(); hSum = hSum ? hSum.add(t) : t; }
+      const second = (await Promise.all(g.grad(hSum, xs).map(async (t) => Array.from(await t.toArray())))).flat();
+      report.secondOrder = compare(await numeric(hAt), second, atol, rtol);
+      if (device) {
+        const dev = await gradients(graphOn(device), Float32Array, 0, 0, 0);
+        report.deviceGradient = compare(firstNumeric, (await dev.read()).flat(), deviceAtol, deviceRtol);
+      }
+    }
+  } finally {
+    for (const g of graphs) g.free();
+    cpu.free();
+  }
+  const line = (what, c) => c ? '  ' + what + ': ' + (c.passed ? 'passed' : 'FAILED') + ' (worst at element ' + c.index + ': expected ' + c.expected + ', got ' + c.actual + ', ' + c.worst.toFixed(3) + ' of tolerance)\\n' : '';
+  report.passed = [report.parity, report.firstOrder, report.secondOrder, report.deviceGradient].every((c) => c === null || c.passed);
+  report.text = 'checkCustomOp ' + op.name + ': ' + (report.passed ? 'passed' : 'FAILED') + '\\n'
+    + line('forward on ' + report.device + ' vs cpu', report.parity)
+    + (report.firstOrder ? line('cpu float64 first order', report.firstOrder) + line('cpu float64 second order', report.secondOrder) : '  gradients not checked\\n')
+    + line('gradient on ' + report.device + ' (float32)', report.deviceGradient);
+  return report;
+}`;
 fs.writeFileSync(path.join(pkg, 'index.js'), `// kiln-web for browsers and bundlers. Call \`await init()\` once before anything else.
-import wasmInit from './web/kiln_web.js';
+import wasmInit, { Kiln as KilnClass } from './web/kiln_web.js';
 export { ${names.join(', ')} } from './web/kiln_web.js';
 ${kilnError}
 export { KilnError };
 ${checkpointsWeb}
+${checkCustomOpSource}
+export { checkCustomOp };
 
 let ready = null;
 /** Load the WebAssembly module (idempotent). \`input\`: optional URL, Response or bytes of kiln_web_bg.wasm. */
@@ -134,7 +223,9 @@ const kiln = require('./node/kiln_web.js');
 const nodeFs = require('node:fs');
 ${kilnError}
 ${checkpointsNode}
-module.exports = { ${names.map((n) => `${n}: kiln.${n}`).join(', ')}, KilnError, saveCheckpoint, loadCheckpoint, init: () => Promise.resolve() };
+const KilnClass = kiln.Kiln;
+${checkCustomOpSource}
+module.exports = { ${names.map((n) => `${n}: kiln.${n}`).join(', ')}, KilnError, saveCheckpoint, loadCheckpoint, checkCustomOp, init: () => Promise.resolve() };
 `);
 fs.writeFileSync(path.join(pkg, 'node.mjs'), `// kiln-web for Node.js as an ES module.
 import { createRequire } from 'node:module';
@@ -144,11 +235,15 @@ ${kilnError}
 export { KilnError };
 const nodeFs = createRequire(import.meta.url)('node:fs');
 ${checkpointsNode}
-export { saveCheckpoint, loadCheckpoint };
+const KilnClass = kiln.Kiln;
+${checkCustomOpSource}
+export { saveCheckpoint, loadCheckpoint, checkCustomOp };
 /** Nothing to load in Node.js: the module is ready when imported. */
 export function init() { return Promise.resolve(); }
 `);
 fs.writeFileSync(path.join(pkg, 'index.d.ts'), `export { ${names.join(', ')} } from './web/kiln_web.js';
+/** Type-only declarations of the wasm module (custom ops). */
+export type { CustomOpSpec, HostTypedArray } from './web/kiln_web.js';
 /** The broad kinds of mistake kiln reports. */
 export type KilnErrorKind = 'Shape' | 'DType' | 'OutOfRange' | 'InvalidArgument' | 'Autograd' | 'Backend' | 'Unsupported' | 'Io' | 'StaleTensor';
 /** What kiln throws (and Promises reject with): kind says what sort of mistake, op which operation refused. */
@@ -172,6 +267,25 @@ export function saveCheckpoint(target: string, from: Pick<Checkpointable, 'state
  * string/URL (in a page: fetched; in Node.js: a file path).
  */
 export function loadCheckpoint(source: string | URL | Blob | Uint8Array, into: Pick<Checkpointable, 'loadStateDict'>): Promise<Uint8Array>;
+import type { CustomOp as CustomOpType, Kiln as KilnType } from './web/kiln_web.js';
+/** One comparison of checkCustomOp: the worst element, as a fraction of the tolerance (<= 1 passes). */
+export interface CustomOpCheck { passed: boolean; worst: number; index: number; expected: number; actual: number; }
+/** What checkCustomOp found; null for a check that did not run (no device, no backward). */
+export interface CustomOpReport {
+  op: string; device: string | null; passed: boolean; text: string;
+  parity: CustomOpCheck | null; firstOrder: CustomOpCheck | null; secondOrder: CustomOpCheck | null; deviceGradient: CustomOpCheck | null;
+}
+/**
+ * Check a custom op (as the Rust check_custom_op does): its float32 forward on \`options.kiln\`'s device (WebGPU:
+ * the WGSL kernel) against the CPU forward, and its backward against central finite differences, first and
+ * second order in float64 on the CPU and the float32 gradient on the device. \`inputs\`: one per operand, values
+ * in the op's smooth domain. \`gradients: false\` for a backward that is deliberately not the derivative.
+ */
+export function checkCustomOp(
+  op: CustomOpType,
+  inputs: Array<{ values: ArrayLike<number>; shape: number[] }>,
+  options?: { kiln?: KilnType; gradients?: boolean; eps?: number; atol?: number; rtol?: number; deviceAtol?: number; deviceRtol?: number },
+): Promise<CustomOpReport>;
 /**
  * Load the WebAssembly module; call once (it is idempotent) before using
  * the API. In Node.js it resolves at once. \`input\`: optional URL, Response

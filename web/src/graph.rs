@@ -18,7 +18,7 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::{Context, Poll, Waker};
 
 use kiln_core::{DType, Device, Graph as CoreGraph, HostData, Tensor as CoreTensor, TensorId};
@@ -27,6 +27,20 @@ use crate::error::{KilnError, Res};
 
 thread_local! {
     static NEXT_GRAPH_ID: Cell<u32> = const { Cell::new(1) };
+    /// This thread's JS graphs, so that code kiln-core calls back with a
+    /// core graph (a custom op's JavaScript backward) can hand JS handles
+    /// of it out (`js_graph_of`).
+    static LIVE_GRAPHS: RefCell<Vec<Weak<GraphShared>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The JS graph whose live step is `core`, with that step's slot.
+pub(crate) fn js_graph_of(core: &CoreGraph) -> Option<(Rc<GraphShared>, Rc<Slot>)> {
+    LIVE_GRAPHS.with(|list| {
+        list.borrow().iter().filter_map(Weak::upgrade).find_map(|shared| {
+            let slot = shared.slot.borrow().clone()?;
+            std::ptr::eq(&slot.graph, core).then(|| (shared.clone(), slot))
+        })
+    })
 }
 
 /// One step's graph.
@@ -116,14 +130,18 @@ impl Graph {
             n.set(id + 1);
             id
         });
-        Graph {
-            shared: Rc::new(GraphShared {
-                device: device.clone(),
-                id,
-                slot: RefCell::new(Some(Slot::new(device, 1))),
-                generation: Cell::new(1),
-            }),
-        }
+        let shared = Rc::new(GraphShared {
+            device: device.clone(),
+            id,
+            slot: RefCell::new(Some(Slot::new(device, 1))),
+            generation: Cell::new(1),
+        });
+        LIVE_GRAPHS.with(|list| {
+            let mut list = list.borrow_mut();
+            list.retain(|w| w.strong_count() > 0);
+            list.push(Rc::downgrade(&shared));
+        });
+        Graph { shared }
     }
 
     /// Run `f` on the live graph and register the tensor it returns.

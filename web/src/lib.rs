@@ -19,6 +19,7 @@
 //! `promise` (reads as Promises), `error` (errors as JS exceptions).
 
 pub mod checkpoint;
+pub mod custom;
 pub mod data;
 pub mod error;
 pub mod graph;

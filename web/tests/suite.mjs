@@ -260,7 +260,7 @@ export const tests = [
     for (const name of kinds) {
       if (!(name in reach)) continue;
       g.reset();
-      const t = reach[name](g, kiln);
+      const t = reach[name](g, kiln, k);
       await t.toArray();
       assert(g.countOps(name) >= 1, `${name}: the JS call recorded no ${name} node`);
     }
@@ -362,6 +362,195 @@ export const tests = [
     for (let i = 0; i < p.length; i++) correct += p[i] === labels[i] ? 1 : 0;
     assert(correct / p.length > 0.9, `test accuracy ${correct / p.length}`);
     opt.free(); model.free(); g.free(); train.free(); test.free();
+  }],
+  ['custom ops from JavaScript: JS forward, WGSL kernel, backward in kiln ops', async (k, env, kiln) => {
+    const swishWgsl = `
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = kiln_index(wid, nwg, lid);
+    if (i >= kiln_len()) {
+        return;
+    }
+    y[i] = x[i] / (1.0 + exp(-x[i]));
+}
+`;
+    const forward = ([x], out) => { for (let i = 0; i < x.length; i++) out[i] = x[i] / (1 + Math.exp(-x[i])); };
+    const define = (name, backward) => k.findCustomOp(name) ?? k.customOp({ name, arity: 1, wgsl: swishWgsl, forward, backward });
+    // d swish = s + x·s·(1 − s), s = sigmoid(x); the wrong one forgets the second term.
+    const swish = define('JsSwish', ([x], y, g) => { const s = x.sigmoid(); return [g.mul(s.mul(s.neg().add(1)).mul(x).add(s))]; });
+    const wrong = define('JsSwishWrong', ([x], y, g) => [g.mul(x.sigmoid())]);
+    assert(swish instanceof k.CustomOp && swish.name === 'JsSwish' && swish.arity === 1 && swish.hasWgsl && swish.hasBackward, 'metadata');
+    const xs = [-2, -0.5, 0, 0.5, 2, 3];
+    const sig = (x) => 1 / (1 + Math.exp(-x));
+    const ref = xs.map((x) => x * sig(x));
+    const d1 = (x) => sig(x) + x * sig(x) * (1 - sig(x));
+    const d2 = (x) => sig(x) * (1 - sig(x)) * (2 + x * (1 - 2 * sig(x)));
+
+    // Forward on this kiln's device (on WebGPU: the WGSL kernel) and on the CPU (the JS forward).
+    const g = kiln.graph();
+    const y = swish.apply([g.tensor(new Float32Array(xs), [2, 3])]);
+    assert(JSON.stringify(y.shape) === '[2,3]' && y.dtype === 'float32', 'shape and dtype inferred');
+    allClose(await y.toArray(), ref, 1e-5, `forward on ${kiln.device}`);
+    assert(g.countOps('JsSwish') === 1, 'one JsSwish node');
+    const cpu = await k.Kiln.create('cpu');
+    const gc = cpu.graph();
+    allClose(await swish.apply([gc.tensor(new Float32Array(xs), [6])]).toArray(), ref, 1e-6, 'JS forward (f32)');
+
+    // Gradient on this device, and the second derivative through the backward's kiln ops.
+    g.reset();
+    const xv = g.variable(new Float32Array(xs), [6]);
+    const [dx] = g.grad(swish.apply([xv]).sum(), [xv]);
+    allClose(await dx.toArray(), xs.map(d1), 1e-4, `first derivative on ${kiln.device}`);
+    const [ddx] = g.grad(dx.sum(), [xv]);
+    allClose(await ddx.toArray(), xs.map(d2), 1e-4, `second derivative on ${kiln.device}`);
+
+    // Finite differences in f64 on the CPU (the JS forward gets Float64Arrays): the
+    // right backward agrees, the wrong one is caught.
+    const w = new Float64Array([0.3, -1.1, 0.7, 2.0, -0.4, 1.3]);
+    const worstError = async (op) => {
+      gc.reset();
+      const x = gc.variable(new Float64Array(xs), [6]);
+      op.apply([x]).mul(gc.tensor(w, [6])).sum().backward();
+      const analytic = await x.grad.toArray();
+      assert(analytic instanceof Float64Array, 'f64 gradient');
+      let worst = 0;
+      for (let i = 0; i < xs.length; i++) {
+        const at = async (h) => {
+          gc.reset();
+          const v = new Float64Array(xs); v[i] += h;
+          return op.apply([gc.tensor(v, [6])]).mul(gc.tensor(w, [6])).sum().item();
+        };
+        const numeric = ((await at(1e-6)) - (await at(-1e-6))) / 2e-6;
+        worst = Math.max(worst, Math.abs(numeric - analytic[i]));
+      }
+      return worst;
+    };
+    const good = await worstError(swish);
+    assert(good < 1e-6, `gradcheck of JsSwish: worst error ${good}`);
+    const bad = await worstError(wrong);
+    assert(bad > 1e-2, `a wrong backward must fail the check: worst error ${bad}`);
+
+    // checkCustomOp: forward parity on this device, first and second order on the CPU,
+    // the float32 gradient on this device; a wrong backward or a wrong WGSL kernel fails it.
+    const sample = [{ values: xs, shape: [2, 3] }];
+    const report = await k.checkCustomOp(swish, sample, { kiln });
+    assert(report.passed && report.firstOrder && report.secondOrder, report.text);
+    const onDevice = env.expect === 'webgpu';
+    assert((report.parity !== null) === onDevice && (report.deviceGradient !== null) === onDevice, report.text);
+    const badReport = await k.checkCustomOp(wrong, sample, { kiln });
+    assert(!badReport.passed && !badReport.firstOrder.passed && /FAILED/.test(badReport.text), badReport.text);
+    if (onDevice) {
+      const mismatched = k.findCustomOp('JsSwishBadWgsl') ?? k.customOp({
+        name: 'JsSwishBadWgsl', arity: 1, forward, wgsl: swishWgsl.replace('exp(-x[i])', 'exp(-2.0 * x[i])'),
+      });
+      const r = await k.checkCustomOp(mismatched, sample, { kiln });
+      assert(!r.passed && !r.parity.passed && r.firstOrder === null, r.text);
+    }
+    await rejects(k.checkCustomOp(swish, [], { kiln }), (e) => assert(/takes 1 operands, 0 given/.test(e.message), e.message), 'checkCustomOp arity');
+
+    // Shape inference from JS, a forward returning its values, no WGSL.
+    const rowSum = k.findCustomOp('JsRowSum') ?? k.customOp({
+      name: 'JsRowSum', arity: 1, outputShape: ([s]) => [s[0]],
+      forward: ([x], out, [[n, m]]) => Array.from({ length: n }, (_, r) => x.slice(r * m, (r + 1) * m).reduce((a, b) => a + b, 0)),
+      backward: ([x], y, g) => [g.reshape([-1, 1]).expand(x.shape)],
+    });
+    gc.reset();
+    const m = gc.variable(new Float32Array([1, 2, 3, 4, 5, 6]), [2, 3]);
+    const rs = rowSum.apply([m]);
+    assert(JSON.stringify(rs.shape) === '[2]' && !rowSum.hasWgsl, 'outputShape');
+    allClose(await rs.toArray(), [6, 15], 0, 'row sums');
+    rs.mul(gc.tensor(new Float32Array([2, 3]), [2])).sum().backward();
+    allClose(await m.grad.toArray(), [2, 2, 2, 3, 3, 3], 0, 'row-sum gradient');
+    if (env.expect === 'webgpu') {
+      g.reset();
+      await rejects(rowSum.apply([g.tensor(new Float32Array(6), [2, 3])]).toArray(),
+        (e) => assert(/JsRowSum/.test(e.message), e.message), 'an op without WGSL on WebGPU names the op');
+    }
+
+    // Errors: refused definitions and failing callbacks name the op; state stays usable.
+    throws(() => k.customOp({ name: 'JsSwish', arity: 1, forward }), (e) => assert(e instanceof k.KilnError && /already exists/.test(e.message), e.message), 'duplicate name');
+    throws(() => k.customOp({ name: 'JsBadWgsl', arity: 1, forward, wgsl: swishWgsl.replace('exp(-x[i])', 'exp(-x[i]') }),
+      (e) => assert(/JsBadWgsl/.test(e.message) && /wgsl:\d+:\d+/.test(e.message), e.message), 'WGSL refused by naga, with the line');
+    throws(() => k.customOp({ name: 'JsNoForward', arity: 1 }), (e) => assert(/'forward'.*required/.test(e.message), e.message), 'forward required');
+    throws(() => swish.apply([gc.tensor(new Float32Array(2), [2]), gc.tensor(new Float32Array(2), [2])]),
+      (e) => assert(/JsSwish/.test(e.message) && /takes 1 operands, got 2/.test(e.message), e.message), 'arity');
+    const throwing = k.findCustomOp('JsThrows') ?? k.customOp({ name: 'JsThrows', arity: 1, forward: () => { throw new Error('boom'); } });
+    gc.reset();
+    await rejects(throwing.apply([gc.tensor(new Float32Array(2), [2])]).toArray(),
+      (e) => assert(/JsThrows/.test(e.message) && /threw: boom/.test(e.message), e.message), 'a throwing forward');
+    const short = k.findCustomOp('JsShort') ?? k.customOp({ name: 'JsShort', arity: 1, forward: () => [1] });
+    gc.reset();
+    await rejects(short.apply([gc.tensor(new Float32Array(2), [2])]).toArray(),
+      (e) => assert(/JsShort/.test(e.message) && /1 values for an output of 2/.test(e.message), e.message), 'wrong output length');
+    const badGrad = k.findCustomOp('JsBadGrad') ?? k.customOp({ name: 'JsBadGrad', arity: 1, forward: ([x], out) => out.set(x), backward: ([x], y, g) => [g.sum()] });
+    gc.reset();
+    const sv = gc.variable(new Float32Array(2), [2]);
+    throws(() => badGrad.apply([sv]).sum().backward(),
+      (e) => assert(/JsBadGrad/.test(e.message) && /gradient of input 0 is \[\] f32 but the input is \[2\] f32/.test(e.message), e.message), 'wrong gradient shape');
+    gc.reset();
+    allClose(await swish.apply([gc.tensor(new Float32Array([0]), [1])]).toArray(), [0], 0, 'usable after errors');
+    g.free(); gc.free(); cpu.free();
+  }],
+
+  ['customVjp from JavaScript: straight-through quantiser, gradient reversal, second order', async (k, env, kiln) => {
+    // Rounding to the 1/4 grid: a custom op with a JS forward and WGSL, no gradient of its own.
+    const round = k.findCustomOp('JsRoundQuarter') ?? k.customOp({
+      name: 'JsRoundQuarter', arity: 1, dtypes: ['float32'],
+      forward: ([x], out) => { for (let i = 0; i < x.length; i++) out[i] = Math.floor(x[i] * 4 + 0.5) / 4; },
+      wgsl: `
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = kiln_index(wid, nwg, lid);
+    if (i >= kiln_len()) {
+        return;
+    }
+    y[i] = floor(x[i] * 4.0 + 0.5) / 4.0;
+}
+`,
+    });
+    const xs = [-1.3, -0.3, 0.1, 0.37, 0.9, 1.2];
+    const ws = [0.5, 1, 1.5, 2, 2.5, 3];
+    const quantise = (x, clip) => k.customVjp(([x]) => round.apply([x.clamp(-1, 1)]), [x],
+      ([x], [y], [dy]) => [clip ? x.abs().le(1).where(dy, 0) : dy])[0];
+    const g = kiln.graph();
+    for (const clip of [true, false]) {
+      g.reset();
+      const x = g.variable(new Float32Array(xs), [6]);
+      const q = quantise(x, clip);
+      q.mul(g.tensor(new Float32Array(ws), [6])).sum().backward();
+      allClose(await q.toArray(), [-1, -0.25, 0, 0.25, 1, 1], 0, `quantised on ${kiln.device}`);
+      const grad = Array.from(await x.grad.toArray());
+      const expected = xs.map((v, i) => (Math.abs(v) <= 1 ? ws[i] : 0));
+      const same = grad.every((v, i) => v === expected[i]);
+      // The check fails for the unclipped (wrong) backward.
+      assert(same === clip, `straight-through gradient (clip ${clip}): ${grad} vs ${expected}`);
+    }
+    // Gradient reversal of x², and the second derivative through the JS backward.
+    g.reset();
+    const x = g.variable(new Float32Array([1, -2]), [2]);
+    const [y] = k.customVjp(([x]) => x.mul(x), [x], ([x], ys, [dy]) => [dy.mul(x).mul(-2)]);
+    const [dx] = g.grad(y.sum(), [x]);
+    allClose(await dx.toArray(), [-2, 4], 0, 'reversed gradient');
+    const [ddx] = g.grad(dx.sum(), [x]);
+    allClose(await ddx.toArray(), [-2, -2], 0, 'second derivative of the custom gradient');
+    // Errors name custom_vjp and leave the graph usable.
+    g.reset();
+    const z = g.variable(new Float32Array([1, 2]), [2]);
+    const [bad] = k.customVjp(([x]) => x.exp(), [z], ([x], ys, [dy]) => [dy, dy]);
+    throws(() => bad.sum().backward(), (e) => assert(/custom_vjp/.test(e.message) && /returned 2 gradients for 1 inputs/.test(e.message), e.message), 'wrong count');
+    throws(() => k.customVjp(() => { throw new Error('inner'); }, [z], () => []),
+      (e) => assert(/custom_vjp/.test(e.message) && /threw: inner/.test(e.message), e.message), 'a throwing function');
+    throws(() => k.customVjp(() => 3, [z], () => []), (e) => assert(/must return a Tensor/.test(e.message), e.message), 'not a tensor');
+    g.reset();
+    const [ok] = k.customVjp(([x]) => x.mul(3), [g.variable(new Float32Array([1]), [1])], ([x], ys, [dy]) => [dy.mul(3)]);
+    close(await ok.item(), 3, 0, 'usable after errors');
+    g.free();
   }],
 ];
 

@@ -14,7 +14,7 @@ const dist = path.join(webDir, 'dist');
 const tsc = path.join(webDir, 'node_modules', 'typescript', 'bin', 'tsc');
 
 const program = `
-import { init, Kiln, Adam, Sgd, crossEntropy, KilnError, type KilnErrorKind, opKinds, Tensor, Layer } from 'kiln-web';
+import { init, Kiln, Adam, Sgd, crossEntropy, KilnError, type KilnErrorKind, opKinds, Tensor, Layer, customOp, customVjp, findCustomOp, CustomOp, type CustomOpSpec, checkCustomOp, type CustomOpReport } from 'kiln-web';
 
 export async function main(): Promise<number> {
   await init();
@@ -39,6 +39,15 @@ export async function main(): Promise<number> {
   const sgd = new Sgd(model.parameters(), 0.1);
   sgd.free();
   const parts: Tensor[] = x.split([1, 1], 0);
+  const spec: CustomOpSpec = {
+    name: 'TsDouble', arity: 1,
+    forward: ([a], out) => { for (let i = 0; i < a.length; i++) out[i] = a[i] * 2; },
+    backward: (xs, y, grad) => [grad.mul(2)],
+  };
+  const double: CustomOp = findCustomOp('TsDouble') ?? customOp(spec);
+  const doubled: Tensor = double.apply([x]);
+  const reversed: Tensor[] = customVjp(([a]) => a.mul(2), [doubled], (xs, ys, gs) => [gs[0].neg()]);
+  const checked: CustomOpReport = await checkCustomOp(double, [{ values: [1, 2], shape: [2] }], { kiln });
   const sliced = x.slice([[0, 1], null, [0, 4, 2]]);
   try {
     loss.add('oops' as unknown as number);
@@ -46,7 +55,7 @@ export async function main(): Promise<number> {
     if (e instanceof KilnError) {
       const kind: KilnErrorKind = e.kind;
       const op: string = e.op;
-      return kind.length + op.length + info.length + parts.length + sliced.rank + opKinds().length;
+      return kind.length + op.length + info.length + parts.length + sliced.rank + opKinds().length + reversed.length + double.arity + (checked.passed ? 1 : 0);
     }
   }
   return await loss.item();

@@ -12,6 +12,7 @@ mod segment;
 mod vjp;
 
 pub use segment::{checkpoint, checkpoint_many};
+pub(crate) use vjp::check_backward_gradients;
 pub use vjp::{custom_vjp, custom_vjp_many, VjpBackward};
 
 use smallvec::SmallVec;

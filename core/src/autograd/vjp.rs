@@ -232,31 +232,9 @@ pub(super) fn apply_vjp(graph: &Graph, grads: &mut [Option<NodeId>], index: usiz
         })
         .collect::<Result<SmallVec<[Tensor<'_>; 4]>>>()?;
     let returned = (region.backward)(&inputs, &outputs, &output_grads).map_err(|e| e.at(location))?;
-    if returned.len() != inputs.len() {
-        return Err(Error::invalid(
-            OP,
-            format!("the backward returned {} gradients for {} inputs", returned.len(), inputs.len()),
-        )
-        .at(location));
-    }
-    for (k, (x, g)) in inputs.iter().zip(returned).enumerate() {
+    check_backward_gradients(OP, &inputs, &returned).map_err(|e| e.at(location))?;
+    for (x, g) in inputs.iter().zip(returned) {
         let Some(g) = g else { continue };
-        if !std::ptr::eq(g.graph, graph) {
-            return Err(Error::invalid(OP, format!("the gradient of input {k} belongs to another graph")).at(location));
-        }
-        if g.dims() != x.dims() || g.dtype() != x.dtype() {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "the backward's gradient of input {k} is {:?} {} but the input is {:?} {}",
-                    g.dims().as_slice(),
-                    g.dtype(),
-                    x.dims().as_slice(),
-                    x.dtype()
-                ),
-            )
-            .at(location));
-        }
         if !x.requires_grad() {
             continue;
         }
@@ -265,6 +243,41 @@ pub(super) fn apply_vjp(graph: &Graph, grads: &mut [Option<NodeId>], index: usiz
             None => g.id,
             Some(previous) => graph.tensor(previous).add(g)?.id,
         });
+    }
+    Ok(())
+}
+
+/// What a user-written backward (a `custom_vjp` region's or a custom op's)
+/// returned, checked against its inputs: one entry per input, each None or a
+/// tensor of the same graph, dims and dtype as that input. Errors name `op`.
+pub(crate) fn check_backward_gradients(
+    op: &'static str,
+    inputs: &[Tensor<'_>],
+    grads: &[Option<Tensor<'_>>],
+) -> Result<()> {
+    if grads.len() != inputs.len() {
+        return Err(Error::autograd(
+            op,
+            format!("the backward returned {} gradients for {} inputs", grads.len(), inputs.len()),
+        ));
+    }
+    for (k, (g, x)) in grads.iter().zip(inputs).enumerate() {
+        let Some(g) = g else { continue };
+        if !std::ptr::eq(g.graph, x.graph) {
+            return Err(Error::invalid(op, format!("the backward's gradient of input {k} belongs to another graph")));
+        }
+        if g.dims() != x.dims() || g.dtype() != x.dtype() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "the backward's gradient of input {k} is {:?} {} but the input is {:?} {}",
+                    g.dims().as_slice(),
+                    g.dtype(),
+                    x.dims().as_slice(),
+                    x.dtype()
+                ),
+            ));
+        }
     }
     Ok(())
 }

@@ -420,27 +420,7 @@ impl CustomOp {
             return Err(crate::autograd::rules::no_rule(&Op::Custom(self)));
         };
         let grads = backward(inputs, output, grad).map_err(|e| e.for_op(name))?;
-        if grads.len() != inputs.len() {
-            return Err(Error::autograd(
-                name,
-                format!("the backward returned {} gradients for {} inputs", grads.len(), inputs.len()),
-            ));
-        }
-        for (k, (g, x)) in grads.iter().zip(inputs).enumerate() {
-            let Some(g) = g else { continue };
-            if !std::ptr::eq(g.graph, x.graph) || g.dims() != x.dims() || g.dtype() != x.dtype() {
-                return Err(Error::shape(
-                    name,
-                    format!(
-                        "the backward's gradient of input {k} is {:?} {} but the input is {:?} {}",
-                        g.dims().as_slice(),
-                        g.dtype(),
-                        x.dims().as_slice(),
-                        x.dtype()
-                    ),
-                ));
-            }
-        }
+        crate::autograd::check_backward_gradients(name, inputs, &grads)?;
         Ok(grads)
     }
 }
