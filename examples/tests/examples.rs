@@ -77,3 +77,45 @@ fn wgsl_kernels_match_the_cpu() {
     let bad = check_swish(true, std::slice::from_ref(&device)).unwrap();
     assert!(!bad.passed(), "{bad}");
 }
+
+/// The example binaries themselves (built by `cargo test` next to the test
+/// executables): exit status 0 normally, 1 when a check fails. Skipped when
+/// the binaries were not built (e.g. `cargo test --test examples` alone).
+#[test]
+fn examples_exit_with_status_1_when_a_check_fails() {
+    let Some(dir) = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.join("examples"))) else {
+        return;
+    };
+    let run = |name: &str, env: &[(&str, &str)], args: &[&str]| {
+        let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+        if !path.exists() {
+            eprintln!("skipped: {} not built", path.display());
+            return None;
+        }
+        let mut command = std::process::Command::new(&path);
+        command.args(args).env("KILN_DEVICE", "cpu").env_remove("KILN_EXAMPLE_PERTURB");
+        command.env_remove("KILN_EXAMPLE_WRONG_BACKWARD");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let output = command.output().expect("the example runs");
+        Some((output.status.code(), String::from_utf8_lossy(&output.stdout).into_owned()))
+    };
+    if let Some((code, out)) = run("custom_op", &[], &[]) {
+        assert_eq!(code, Some(0), "{out}");
+        assert!(out.contains("all checks passed"), "{out}");
+    }
+    if let Some((code, out)) = run("custom_op", &[("KILN_EXAMPLE_WRONG_BACKWARD", "1")], &[]) {
+        assert_eq!(code, Some(1), "{out}");
+        assert!(out.contains("FAILED"), "{out}");
+    }
+    // One layer keeps it quick; context 256 as in the default run.
+    if let Some((code, out)) = run("activation_checkpointing", &[], &["1"]) {
+        assert_eq!(code, Some(0), "{out}");
+        assert!(out.contains("gradients bit-identical: yes"), "{out}");
+    }
+    if let Some((code, out)) = run("activation_checkpointing", &[("KILN_EXAMPLE_PERTURB", "1")], &["1"]) {
+        assert_eq!(code, Some(1), "{out}");
+        assert!(out.contains("gradients bit-identical: NO"), "{out}");
+    }
+}

@@ -31,9 +31,10 @@ pub const WINDOW: &str = include_str!("shaders/window.wgsl");
 pub const POOL: &str = include_str!("shaders/pool.wgsl");
 pub const RANDOM: &str = include_str!("shaders/random.wgsl");
 pub const ROWWISE: &str = include_str!("shaders/rowwise.wgsl");
+pub const TRIG: &str = include_str!("shaders/trig.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 17] = [
+pub const FILES: [(&str, &str); 18] = [
     ("common.wgsl", COMMON),
     ("scalar.wgsl", SCALAR),
     ("fill.wgsl", FILL),
@@ -51,6 +52,7 @@ pub const FILES: [(&str, &str); 17] = [
     ("pool.wgsl", POOL),
     ("random.wgsl", RANDOM),
     ("rowwise.wgsl", ROWWISE),
+    ("trig.wgsl", TRIG),
 ];
 
 /// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
@@ -168,7 +170,7 @@ impl Kernel {
             Kernel::Unary(op, t) => {
                 let expr = unary_expr(op, t)?;
                 let body = specialise(UNARY, &[alias("T", t), format!("fn op(v: T) -> T {{\n    return {expr};\n}}")]);
-                format!("{SCALAR}\n{body}")
+                format!("{TRIG}\n{SCALAR}\n{body}")
             }
             Kernel::Binary(op, t) => binary(t, t, &binary_expr(op, t)?),
             Kernel::Compare(op, t) => binary(t, Ty::U32, &compare_expr(op, t)),
@@ -203,14 +205,14 @@ fn alias(name: &str, t: Ty) -> String {
     format!("alias {name} = {};", t.wgsl())
 }
 
-/// scalar.wgsl and binary.wgsl with operand type `ti`, output type `to` and
-/// `op` returning `expr` (of `a` and `b`).
+/// trig.wgsl, scalar.wgsl and binary.wgsl with operand type `ti`, output
+/// type `to` and `op` returning `expr` (of `a` and `b`).
 fn binary(ti: Ty, to: Ty, expr: &str) -> String {
     let body = specialise(
         BINARY,
         &[alias("TI", ti), alias("TO", to), format!("fn op(a: TI, b: TI) -> TO {{\n    return {expr};\n}}")],
     );
-    format!("{SCALAR}\n{body}")
+    format!("{TRIG}\n{SCALAR}\n{body}")
 }
 
 /// The name and kind of a module-scope declaration: `alias NAME` or `fn NAME`.
@@ -444,12 +446,14 @@ pub fn all_kernels() -> Vec<Kernel> {
 
 /// A shader file as the host compiles it before specialisation (what the
 /// naga tests validate): after common.wgsl, and for the element-wise
-/// kernels after scalar.wgsl too.
+/// kernels after trig.wgsl and scalar.wgsl too.
 #[cfg(test)]
 pub(crate) fn as_written(name: &str, text: &str) -> String {
     match name {
         "common.wgsl" => COMMON.to_string(),
-        "unary.wgsl" | "binary.wgsl" => format!("{COMMON}\n{SCALAR}\n{text}"),
+        // scalar.wgsl's sin_f32/cos_f32 call trig.wgsl's kiln_sin/kiln_cos.
+        "scalar.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}"),
+        "unary.wgsl" | "binary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{text}"),
         _ => format!("{COMMON}\n{text}"),
     }
 }
@@ -502,7 +506,7 @@ mod tests {
     /// dead function behind).
     #[test]
     fn scalar_functions_follow_the_table() {
-        let module = naga::front::wgsl::parse_str(&format!("{COMMON}\n{SCALAR}")).unwrap();
+        let module = naga::front::wgsl::parse_str(&format!("{COMMON}\n{TRIG}\n{SCALAR}")).unwrap();
         let defined: Vec<String> = module.functions.iter().filter_map(|(_, f)| f.name.clone()).collect();
         let mut used = Vec::new();
         for t in [Ty::F32, Ty::I32] {
@@ -542,7 +546,7 @@ mod tests {
         assert_eq!(wgsl_expr(&SOFT, Ty::F32, &["v"]), "div_f32(v, add_f32(f32(1.0), abs_f32(v)))");
         assert_eq!(wgsl_expr(&PICK, Ty::F32, &["a", "b"]), "select(b, a, (a < f32(0.5)))");
         let src = format!(
-            "{COMMON}\n{SCALAR}\nfn f(v: f32) -> f32 {{\n    return {};\n}}\nfn g(a: f32, b: f32) -> f32 {{\n    return {};\n}}\n",
+            "{COMMON}\n{TRIG}\n{SCALAR}\nfn f(v: f32) -> f32 {{\n    return {};\n}}\nfn g(a: f32, b: f32) -> f32 {{\n    return {};\n}}\n",
             wgsl_expr(&SOFT, Ty::F32, &["v"]),
             wgsl_expr(&PICK, Ty::F32, &["a", "b"])
         );

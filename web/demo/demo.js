@@ -19,7 +19,7 @@ deviceBox.textContent = kiln.device === 'webgpu'
   ? `WebGPU · ${kiln.deviceInfo}`
   : `CPU (WebAssembly) · ${kiln.deviceInfo}${kiln.fallbackReason ? ` — ${kiln.fallbackReason}` : ''}`;
 
-const { train, test } = loadDigits(0.2, 42);
+const { train, test } = await loadDigits(0.2, 42);
 const testImages = test.images;
 const testLabels = test.labels;
 let model = null;

@@ -1,20 +1,22 @@
 #!/usr/bin/env node
 // Builds the npm package into web/pkg/ and (with --pack) its tarball into
 // web/dist/:
-//   pkg/web/   wasm-pack --target web    (ES module for browsers and bundlers)
-//   pkg/node/  wasm-pack --target nodejs (CommonJS for Node.js)
+//   pkg/web/   wasm-pack --target web: the one .wasm and its ES-module glue
 //   pkg/index.js, index.d.ts             browser entry: init() + the API
-//   pkg/node.cjs, node.mjs               Node entry: the same API, init() a no-op
+//   pkg/node.mjs                         Node entry: the same glue, the same
+//                                        .wasm read from disk (initSync), init() a no-op
+//   pkg/node.cjs                         CommonJS: require(esm) of node.mjs
 //   pkg/package.json, README.md          from web/npm/
-// The wasm is built once per target with the `wasm-release` profile (size
-// first: opt-level "s", LTO, one codegen unit) and shrunk with wasm-opt from
-// the npm `binaryen` package. Prints the gzipped sizes.
+// The wasm is built once with the `wasm-release` profile (size first, LTO,
+// one codegen unit) and shrunk with wasm-opt from the npm `binaryen` package.
+// Prints the gzipped sizes and the largest crates in the code
+// (scripts/wasm-sizes.mjs, from cargo's output, which still has names).
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import zlib from 'node:zlib';
-import { createRequire } from 'node:module';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { wasmSizes } from './wasm-sizes.mjs';
 
 const web = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = path.join(web, 'pkg');
@@ -27,32 +29,29 @@ function run(cmd, argv, opts = {}) {
 }
 
 fs.rmSync(pkg, { recursive: true, force: true });
-for (const [target, dir] of [['web', 'web'], ['nodejs', 'node']]) {
-  const argv = ['build', '--target', target, '--out-dir', `pkg/${dir}`, '--out-name', 'kiln_web',
+{
+  const argv = ['build', '--target', 'web', '--out-dir', 'pkg/web', '--out-name', 'kiln_web',
     '--profile', 'wasm-release', '--weak-refs', '--no-pack', '--no-opt', '--no-gitignore', '--mode', 'no-install'];
   if (features) argv.push('--', '--features', features);
   run('wasm-pack', argv);
-  const wasm = path.join(pkg, dir, 'kiln_web_bg.wasm');
+  const wasm = path.join(pkg, 'web', 'kiln_web_bg.wasm');
   const before = fs.statSync(wasm).size;
   // The features rustc's wasm32 target enables by default; wasm-opt must be
   // told, or it refuses the module.
   run(path.join(web, 'node_modules', '.bin', 'wasm-opt'), [
-    '-Os', '--strip-debug', '--strip-producers',
+    '-Oz', '--strip-debug', '--strip-producers',
     '--enable-bulk-memory', '--enable-mutable-globals', '--enable-nontrapping-float-to-int',
     '--enable-sign-ext', '--enable-reference-types', '--enable-multivalue',
     wasm, '-o', wasm,
   ]);
-  console.log(`wasm-opt: ${dir} ${before} -> ${fs.statSync(wasm).size} bytes`);
+  console.log(`wasm-opt: ${before} -> ${fs.statSync(wasm).size} bytes`);
 }
-
-// CommonJS marker for the Node build (the package itself is "type": "module").
-fs.writeFileSync(path.join(pkg, 'node', 'package.json'), '{ "type": "commonjs" }\n');
 
 // The generated typings: without the internal start function, and without
 // [Symbol.dispose] members, which need TypeScript's esnext lib (the
 // methods exist at run time; free() is the portable spelling).
-for (const dir of ['web', 'node']) {
-  const dts = path.join(pkg, dir, 'kiln_web.d.ts');
+{
+  const dts = path.join(pkg, 'web', 'kiln_web.d.ts');
   const text = fs.readFileSync(dts, 'utf8')
     .replace(/(\/\*\*(?:(?!\*\/)[\s\S])*\*\/\s*)?export function start\(\): void;\n?/, '')
     .split('\n')
@@ -63,9 +62,18 @@ for (const dir of ['web', 'node']) {
 
 // Entry points. Only the public API is exported: not wasm-bindgen's
 // internals (__wbg_*, initSync) nor the module's start function.
-const require = createRequire(import.meta.url);
 const internal = (n) => n.startsWith('__') || n === 'initSync' || n === 'start' || n === 'default';
-const names = Object.keys(require(path.join(pkg, 'node', 'kiln_web.js'))).filter((n) => !internal(n));
+const glue = await import(pathToFileURL(path.join(pkg, 'web', 'kiln_web.js')));
+const names = Object.keys(glue).filter((n) => !internal(n));
+// Classes are re-exported as they are (handles.js patches their
+// prototypes); functions are exported wrapped by handles.js.
+const isClass = (n) => typeof glue[n] === 'function' && typeof glue[n].prototype?.free === 'function';
+const classes = names.filter(isClass);
+const functions = names.filter((n) => !isClass(n));
+const scoped = `import { scopeHandles } from './handles.js';
+const scoped = scopeHandles(glue, KilnError);
+export const { ${functions.join(', ')} } = scoped;`;
+fs.copyFileSync(path.join(web, 'npm', 'handles.js'), path.join(pkg, 'handles.js'));
 // KilnError: the errors kiln throws are Errors named 'KilnError' with kind
 // and op (made in Rust, src/error.rs); instanceof KilnError recognises
 // them, and users can make their own.
@@ -114,6 +122,30 @@ async function loadCheckpoint(source, into) {
   else bytes = new Uint8Array(await source.arrayBuffer());
   into.loadStateDict(bytes);
   return bytes;
+}`;
+// The digits ship beside the wasm (web/digits.csv.gz), loaded on demand.
+fs.copyFileSync(path.join(web, '..', 'core', 'data', 'digits.csv.gz'), path.join(pkg, 'web', 'digits.csv.gz'));
+const digitsDoc = (source) => `/**
+ * The 1,797 UCI 8x8 handwritten digits (CC BY 4.0) from the package's
+ * web/digits.csv.gz (or from source: ${source} or the bytes), shuffled
+ * with seed and split; resolves to { train, test }.
+ */`;
+const digitsWeb = `${digitsDoc('a URL')}
+export async function loadDigits(testFraction, seed, source) {
+  let bytes = source;
+  if (!(bytes instanceof Uint8Array)) {
+    const url = source ?? new URL('./web/digits.csv.gz', import.meta.url);
+    const response = await fetch(url);
+    if (!response.ok) throw new KilnError('Io', 'loadDigits', 'loadDigits: fetching ' + url + ' gave HTTP ' + response.status);
+    bytes = new Uint8Array(await response.arrayBuffer());
+  }
+  return digitsFromBytes(bytes, testFraction, seed);
+}`;
+const digitsNode = `${digitsDoc('a file path or URL')}
+export async function loadDigits(testFraction, seed, source) {
+  const bytes = source instanceof Uint8Array ? source
+    : new Uint8Array(nodeFs.readFileSync(source ?? new URL('./web/digits.csv.gz', import.meta.url)));
+  return glue.digitsFromBytes(bytes, testFraction, seed);
 }`;
 // checkCustomOp: kiln's Rust check_custom_op for ops registered from JS,
 // written with the public API (it needs a CPU Kiln: \`KilnClass\` is bound by
@@ -203,11 +235,14 @@ async function checkCustomOp(op, inputs, options = {}) {
   return report;
 }`;
 fs.writeFileSync(path.join(pkg, 'index.js'), `// kiln-web for browsers and bundlers. Call \`await init()\` once before anything else.
-import wasmInit, { Kiln as KilnClass } from './web/kiln_web.js';
-export { ${names.join(', ')} } from './web/kiln_web.js';
+import wasmInit, * as glue from './web/kiln_web.js';
+const KilnClass = glue.Kiln;
+export { ${classes.join(', ')} } from './web/kiln_web.js';
 ${kilnError}
 export { KilnError };
+${scoped}
 ${checkpointsWeb}
+${digitsWeb}
 ${checkCustomOpSource}
 export { checkCustomOp };
 
@@ -218,30 +253,38 @@ export function init(input) {
   return ready;
 }
 `);
-fs.writeFileSync(path.join(pkg, 'node.cjs'), `// kiln-web for Node.js (CPU backend). The module loads synchronously; init() exists for symmetry.
-const kiln = require('./node/kiln_web.js');
-const nodeFs = require('node:fs');
-${kilnError}
-${checkpointsNode}
-const KilnClass = kiln.Kiln;
-${checkCustomOpSource}
-module.exports = { ${names.map((n) => `${n}: kiln.${n}`).join(', ')}, KilnError, saveCheckpoint, loadCheckpoint, checkCustomOp, init: () => Promise.resolve() };
-`);
-fs.writeFileSync(path.join(pkg, 'node.mjs'), `// kiln-web for Node.js as an ES module.
-import { createRequire } from 'node:module';
-const kiln = createRequire(import.meta.url)('./node/kiln_web.js');
-${names.map((n) => `export const ${n} = kiln.${n};`).join('\n')}
+// Node.js runs the browser glue on the same .wasm, loaded synchronously
+// from the package directory (one copy of the module in the package).
+fs.writeFileSync(path.join(pkg, 'node.mjs'), `// kiln-web for Node.js as an ES module: the browser build's glue and .wasm, loaded from disk.
+import nodeFs from 'node:fs';
+import * as glue from './web/kiln_web.js';
+glue.initSync({ module: nodeFs.readFileSync(new URL('./web/kiln_web_bg.wasm', import.meta.url)) });
+export { ${classes.join(', ')} } from './web/kiln_web.js';
 ${kilnError}
 export { KilnError };
-const nodeFs = createRequire(import.meta.url)('node:fs');
+${scoped}
 ${checkpointsNode}
-const KilnClass = kiln.Kiln;
+const KilnClass = glue.Kiln;
 ${checkCustomOpSource}
 export { saveCheckpoint, loadCheckpoint, checkCustomOp };
+${digitsNode}
 /** Nothing to load in Node.js: the module is ready when imported. */
 export function init() { return Promise.resolve(); }
 `);
+// CommonJS: Node.js >= 20.19 / 22.12 loads the ES module synchronously.
+fs.writeFileSync(path.join(pkg, 'node.cjs'), `// kiln-web for Node.js (CPU backend) from CommonJS: the ES module entry, loaded with require(esm).
+module.exports = require('./node.mjs');
+`);
 fs.writeFileSync(path.join(pkg, 'index.d.ts'), `export { ${names.join(', ')} } from './web/kiln_web.js';
+import type { Dataset } from './web/kiln_web.js';
+/**
+ * The 1,797 UCI 8x8 handwritten digits (CC BY 4.0), pixels in [0, 1]:
+ * loaded from the package's web/digits.csv.gz (fetched in a page, read in
+ * Node.js) or from \`source\` (a URL, a file path in Node.js, or the bytes),
+ * shuffled with \`seed\` (default 42) and split so that round(1797 ×
+ * testFraction) samples (default 0.2) form the test set.
+ */
+export function loadDigits(testFraction?: number, seed?: number, source?: string | URL | Uint8Array): Promise<{ train: Dataset; test: Dataset }>;
 /** Type-only declarations of the wasm module (custom ops). */
 export type { CustomOpSpec, HostTypedArray } from './web/kiln_web.js';
 /** The broad kinds of mistake kiln reports. */
@@ -301,17 +344,26 @@ manifest.version = version;
 fs.writeFileSync(path.join(pkg, 'package.json'), JSON.stringify(manifest, null, 2) + '\n');
 fs.copyFileSync(path.join(web, 'npm', 'README.md'), path.join(pkg, 'README.md'));
 
-// Sizes: what a browser downloads (the web build's .wasm + .js), gzipped.
+// Sizes: what a browser downloads (the entry, the glue and the .wasm;
+// not the digits, fetched only by loadDigits), gzipped.
 const gz = (f) => zlib.gzipSync(fs.readFileSync(f), { level: 9 }).length;
 const wasmFile = path.join(pkg, 'web', 'kiln_web_bg.wasm');
-const jsFile = path.join(pkg, 'web', 'kiln_web.js');
+const jsFiles = ['index.js', 'handles.js', 'web/kiln_web.js'].map((f) => path.join(pkg, f));
 const sizes = {
   wasm_bytes: fs.statSync(wasmFile).size, wasm_gzip: gz(wasmFile),
-  js_bytes: fs.statSync(jsFile).size, js_gzip: gz(jsFile),
+  js_bytes: jsFiles.reduce((a, f) => a + fs.statSync(f).size, 0), js_gzip: jsFiles.reduce((a, f) => a + gz(f), 0),
 };
 sizes.total_gzip = sizes.wasm_gzip + sizes.js_gzip;
 fs.writeFileSync(path.join(pkg, 'sizes.json'), JSON.stringify(sizes) + '\n');
 console.log(`size: ${JSON.stringify(sizes)}`);
+// Where the code is, by crate (cargo's module, before wasm-opt, has names).
+const raw = path.join(web, '..', 'target', 'wasm32-unknown-unknown', 'wasm-release', 'kiln_web.wasm');
+if (fs.existsSync(raw)) {
+  const r = wasmSizes(fs.readFileSync(raw));
+  const code = r.functions.reduce((a, f) => a + f.bytes, 0);
+  console.log(`code by crate, before wasm-opt (${code} bytes): ` +
+    r.crates.slice(0, 12).map((c) => `${c.crate.split(' ')[0]} ${(100 * c.bytes / code).toFixed(1)}%`).join(', '));
+}
 
 if (args.has('--pack')) {
   const dist = path.join(web, 'dist');

@@ -1,5 +1,9 @@
-//! Datasets for JavaScript: the embedded 8x8 handwritten digits (no
-//! download needed), seeded epoch orders and batch gathering.
+//! Datasets for JavaScript: the 8x8 handwritten digits, seeded epoch orders
+//! and batch gathering. The digits are not built into the wasm (57 KB of
+//! incompressible gzip that every page would download): the package ships
+//! them as `web/digits.csv.gz`, and the entry points' `loadDigits` reads
+//! (Node) or fetches (browser) that file and hands the bytes to
+//! `digitsFromBytes`.
 
 use kiln_core::data;
 use wasm_bindgen::prelude::*;
@@ -91,15 +95,18 @@ extern "C" {
     pub type DigitsSplit;
 }
 
-/// The 1,797 UCI 8x8 handwritten digits embedded in kiln (CC BY 4.0),
-/// shuffled with `seed` (default 42) and split so that
-/// round(1797 × testFraction) samples (default 0.2) form the test set.
-/// Pixels are the dataset's 0–16 counts divided by 16.
-#[wasm_bindgen(js_name = loadDigits)]
+/// The 1,797 UCI 8x8 handwritten digits (CC BY 4.0) from the bytes of
+/// their CSV (gzipped or not; the package ships `web/digits.csv.gz`, which
+/// `loadDigits` loads for you), shuffled with `seed` (default 42) and split
+/// so that round(1797 × testFraction) samples (default 0.2) form the test
+/// set. Pixels are the dataset's 0–16 counts divided by 16.
+#[wasm_bindgen(js_name = digitsFromBytes)]
 #[allow(non_snake_case)]
-pub fn load_digits(testFraction: Option<f64>, seed: Option<f64>) -> Res<DigitsSplit> {
-    let (train, test) = load_digits_native(testFraction, seed)?;
+pub fn digits_from_bytes(bytes: &[u8], testFraction: Option<f64>, seed: Option<f64>) -> Res<DigitsSplit> {
+    let fraction = test_fraction_of(testFraction)?;
+    let split = data::parse_digits_csv(bytes)?.split_shuffled(fraction, seed.unwrap_or(42.0) as u64)?;
     let out = js_sys::Object::new();
+    let (train, test) = (Dataset { inner: split.train }, Dataset { inner: split.test });
     js_sys::Reflect::set(&out, &"train".into(), &JsValue::from(train)).map_err(js_err)?;
     js_sys::Reflect::set(&out, &"test".into(), &JsValue::from(test)).map_err(js_err)?;
     Ok(out.unchecked_into())
@@ -109,13 +116,18 @@ fn js_err(_: JsValue) -> KilnError {
     KilnError::argument("loadDigits", "could not build the result object")
 }
 
-/// `loadDigits` for Rust callers.
-pub fn load_digits_native(test_fraction: Option<f64>, seed: Option<f64>) -> Res<(Dataset, Dataset)> {
+fn test_fraction_of(test_fraction: Option<f64>) -> Res<f32> {
     let fraction = test_fraction.unwrap_or(0.2);
     if !(0.0..1.0).contains(&fraction) {
         return Err(KilnError::argument("loadDigits", format!("testFraction {fraction} must lie in [0, 1)")));
     }
-    let split = data::load_embedded_digits(fraction as f32, seed.unwrap_or(42.0) as u64)?;
+    Ok(fraction as f32)
+}
+
+/// `loadDigits` for Rust callers (native tests and examples), from the
+/// copy embedded in kiln-core.
+pub fn load_digits_native(test_fraction: Option<f64>, seed: Option<f64>) -> Res<(Dataset, Dataset)> {
+    let split = data::load_embedded_digits(test_fraction_of(test_fraction)?, seed.unwrap_or(42.0) as u64)?;
     Ok((Dataset { inner: split.train }, Dataset { inner: split.test }))
 }
 

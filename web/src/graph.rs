@@ -27,10 +27,40 @@ use crate::error::{KilnError, Res};
 
 thread_local! {
     static NEXT_GRAPH_ID: Cell<u32> = const { Cell::new(1) };
+    static LIVE_HANDLES: Cell<u32> = const { Cell::new(0) };
     /// This thread's JS graphs, so that code kiln-core calls back with a
     /// core graph (a custom op's JavaScript backward) can hand JS handles
     /// of it out (`js_graph_of`).
     static LIVE_GRAPHS: RefCell<Vec<Weak<GraphShared>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Counts itself in [`live_handles`]: one per `Tensor` handle in wasm
+/// memory (a handle's small allocation lives until JS frees it: at
+/// `graph.reset()`, `free()`, or when the GC finalises it).
+pub(crate) struct HandleCount(());
+
+impl HandleCount {
+    fn new() -> HandleCount {
+        LIVE_HANDLES.with(|n| n.set(n.get() + 1));
+        HandleCount(())
+    }
+}
+
+impl Clone for HandleCount {
+    fn clone(&self) -> HandleCount {
+        HandleCount::new()
+    }
+}
+
+impl Drop for HandleCount {
+    fn drop(&mut self) {
+        LIVE_HANDLES.with(|n| n.set(n.get() - 1));
+    }
+}
+
+/// `Tensor` handles alive in wasm memory.
+pub fn live_handles() -> u32 {
+    LIVE_HANDLES.with(Cell::get)
 }
 
 /// The JS graph whose live step is `core`, with that step's slot.
@@ -62,7 +92,7 @@ impl Slot {
 
 pub(crate) struct GraphShared {
     device: Device,
-    id: u32,
+    pub(crate) id: u32,
     slot: RefCell<Option<Rc<Slot>>>,
     generation: Cell<u64>,
 }
@@ -97,7 +127,12 @@ impl GraphShared {
 
     /// The JS handle of a tensor just made in `slot`.
     pub(crate) fn register(self: &Rc<Self>, slot: &Slot, tensor: CoreTensor<'_>) -> Tensor {
-        Tensor { graph: self.clone(), generation: slot.generation, id: tensor.tensor_id() }
+        Tensor {
+            graph: self.clone(),
+            generation: slot.generation,
+            id: tensor.tensor_id(),
+            _counted: HandleCount::new(),
+        }
     }
 }
 
@@ -121,6 +156,7 @@ pub struct Tensor {
     pub(crate) graph: Rc<GraphShared>,
     pub(crate) generation: u64,
     pub(crate) id: TensorId,
+    _counted: HandleCount,
 }
 
 impl Graph {

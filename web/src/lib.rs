@@ -51,6 +51,25 @@ pub fn op_kinds() -> Vec<String> {
     kiln_core::Op::kind_names().into_iter().map(String::from).collect()
 }
 
+/// `Tensor` handles alive in wasm memory. Each holds a few bytes until it
+/// is freed: `graph.reset()` and `graph.free()` free the handles of the
+/// step they end (the package's entry points do this), `free()` frees one,
+/// and the garbage collector frees any other that becomes unreachable.
+#[wasm_bindgen(js_name = liveTensorHandles)]
+pub fn live_tensor_handles() -> u32 {
+    graph::live_handles()
+}
+
+/// The size of the module's linear memory in bytes (it grows, never
+/// shrinks); 0 outside WebAssembly.
+#[wasm_bindgen(js_name = wasmMemoryBytes)]
+pub fn wasm_memory_bytes() -> f64 {
+    #[cfg(target_arch = "wasm32")]
+    return (core::arch::wasm32::memory_size(0) * 65536) as f64;
+    #[cfg(not(target_arch = "wasm32"))]
+    return 0.0;
+}
+
 /// Runs when the module loads: a Rust panic (a kiln bug, never bad input)
 /// is printed to the console before the wasm trap.
 #[cfg(target_arch = "wasm32")]

@@ -566,6 +566,12 @@ impl Tensor {
         self.generation as f64
     }
 
+    /// The id of the graph this tensor belongs to (its `Graph.id`).
+    #[wasm_bindgen(getter, js_name = graphId)]
+    pub fn graph_id(&self) -> u32 {
+        self.graph.id
+    }
+
     /// Whether this tensor's step is still the graph's current one.
     #[wasm_bindgen(getter, js_name = isAlive)]
     pub fn is_alive(&self) -> bool {

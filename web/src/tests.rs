@@ -222,3 +222,23 @@ fn checkpoints_are_native_bytes_both_ways() {
     let meta = |b: &[u8]| kiln_core::checkpoint::read_metadata(b).unwrap();
     assert_eq!(meta(&again), meta(&state));
 }
+
+#[test]
+fn live_handles_count_every_tensor_handle_until_dropped() {
+    // Tests run in parallel threads; the count is per thread, as in wasm.
+    let kiln = Kiln::cpu();
+    let g = kiln.graph();
+    let before = crate::graph::live_handles();
+    let a = g.from_host(HostData::F32(vec![1.0, 2.0]), &[2]).unwrap();
+    let b = a.exp().unwrap();
+    let c = b.clone();
+    assert_eq!(crate::graph::live_handles(), before + 3);
+    assert_eq!(a.graph_id(), g.id_number());
+    g.reset();
+    // A reset does not free handles (JS frees them: npm/handles.js).
+    assert_eq!(crate::graph::live_handles(), before + 3);
+    drop((a, b));
+    assert_eq!(crate::graph::live_handles(), before + 1);
+    drop(c);
+    assert_eq!(crate::graph::live_handles(), before);
+}

@@ -24,7 +24,7 @@ test('npm install of the tarball, then training in Node', (t) => {
 import { init, Kiln, Adam, crossEntropy, loadDigits } from 'kiln-web';
 await init();
 const kiln = await Kiln.create();
-const { train, test } = loadDigits(0.2, 1);
+const { train, test } = await loadDigits(0.2, 1);
 const model = kiln.mlp([64, 32, 10]);
 const opt = new Adam(model, 1e-2);
 const g = kiln.graph();

@@ -1,7 +1,7 @@
 // The JavaScript half of the parity run (see web/examples/parity.rs): the
 // same data, model, seeds and steps through the kiln-web API.
 export async function parityLosses(k, kiln) {
-  const { train, test } = k.loadDigits(0.2, 42);
+  const { train, test } = await k.loadDigits(0.2, 42);
   const model = kiln.mlp([64, 32, 10], 'relu', 3);
   const adam = new k.Adam(model, 0.01);
   const g = kiln.graph();

@@ -30,7 +30,7 @@ async function steps(k, kiln, run, data, from, to) {
 }
 
 export async function resumeRuns(k, kiln, load) {
-  const { train, test } = k.loadDigits(0.2, 42);
+  const { train, test } = await k.loadDigits(0.2, 42);
   const data = { train, order: train.epochOrder(5, 0) };
   const out = {};
 

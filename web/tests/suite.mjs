@@ -28,6 +28,7 @@ async function rejects(promise, check, what) {
 }
 
 import { reach, exceptions } from './op-coverage.mjs';
+import { trainWithFlatMemory, checkFlat } from './memory.mjs';
 
 const TOL = 1e-5;
 
@@ -165,6 +166,12 @@ export const tests = [
     other.free();
     g.free();
     throws(() => c.exp(), (e) => assert(/was freed/.test(e.message), e.message), 'freed graph');
+  }],
+
+  ['per-step handles are freed at reset: memory flat over a training run without the GC', async (k, env, kiln) => {
+    const webgpu = env.expect === 'webgpu';
+    const r = await trainWithFlatMemory(k, kiln, { steps: webgpu ? 300 : 2000, warmup: webgpu ? 50 : 100, readEvery: webgpu ? 25 : 50 });
+    checkFlat(r);
   }],
 
   ['one error kind per mistake; KilnError is exported', async (k, env, kiln) => {
@@ -333,7 +340,7 @@ export const tests = [
     opt.free(); model.free(); emb.free(); attn.free(); block.free(); g.free();
   }],
   ['an MLP learns the embedded digits with Adam', async (k, env, kiln) => {
-    const { train, test } = k.loadDigits(0.2, 42);
+    const { train, test } = await k.loadDigits(0.2, 42);
     assert(train.length === 1438 && test.length === 359 && train.features === 64 && train.classes === 10, 'digits split');
     const model = kiln.mlp([64, 32, 10], 'relu', 1);
     const opt = new k.Adam(model, 1e-2);

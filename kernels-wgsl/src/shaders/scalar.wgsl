@@ -1,10 +1,11 @@
 // scalar.wgsl — the per-element function of every primitive element-wise
 // op, one per op and element type, named `<op>_<type>` after the op table's
 // name in lower case (`log1p_f32`, `maximum_i32`). The host puts it after
-// common.wgsl in front of unary.wgsl and binary.wgsl, whose `op` it
+// common.wgsl and trig.wgsl in front of unary.wgsl and binary.wgsl, whose `op` it
 // generates by printing the op table's expression (`Elementwise::expr`)
 // with these names, so a composed op (an expression of primitives) needs
-// no WGSL of its own. Not a kernel; validates after common.wgsl.
+// no WGSL of its own. Not a kernel; validates after common.wgsl and
+// trig.wgsl (sin_f32/cos_f32 call kiln_sin/kiln_cos).
 //
 // Semantics follow the CPU backend (`op::Value`): i32 arithmetic wraps
 // (WGSL's integer semantics, like the CPU's wrapping ops); Relu and Sign pass
@@ -45,12 +46,14 @@ fn recip_f32(v: f32) -> f32 {
     return 1.0 / v;
 }
 
+// Through trig.wgsl's argument reduction: the builtins are only specified
+// near [-π, π].
 fn sin_f32(v: f32) -> f32 {
-    return sin(v);
+    return kiln_sin(v);
 }
 
 fn cos_f32(v: f32) -> f32 {
-    return cos(v);
+    return kiln_cos(v);
 }
 
 fn sigmoid_f32(v: f32) -> f32 {

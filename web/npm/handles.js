@@ -1,0 +1,149 @@
+// Per-step tensor handles without the garbage collector.
+//
+// A `Tensor` is a wasm-bindgen object: a JS wrapper over a few bytes of
+// wasm memory (the graph, the step, the node id), which are released when
+// `free()` is called or when the GC finalises the wrapper. A training loop
+// makes dozens of handles per step; left to the GC, wasm memory grows by
+// megabytes before the finalisers catch up (and linear memory never
+// shrinks). Handles only live for one step anyway, so the entry points
+// free them when the step ends: every Tensor the API returns is noted
+// under its graph, and `graph.reset()` / `graph.free()` free the handles
+// of the step they end. Using such a handle afterwards gives the same
+// `StaleTensor` KilnError as before (recorded here, since the handle's
+// wasm side is gone): `isAlive` is false, `step` and `graphId` still read.
+//
+// `scopeHandles(glue, KilnError)` patches the glue's classes in place and
+// returns the module's functions wrapped the same way.
+
+export function scopeHandles(glue, KilnError) {
+  const { Tensor, Graph } = glue;
+  const steps = new Map();        // graph id -> Set of the handles of its current step
+  const retired = new WeakMap();  // freed handle -> { graph, step, now } or { graph, freed: true }
+  const graphs = new FinalizationRegistry((id) => steps.delete(id));
+  const freeTensor = Tensor.prototype.free;
+
+  const note = (value) => {
+    if (value instanceof Tensor) {
+      const id = value.graphId;
+      let set = steps.get(id);
+      if (!set) steps.set(id, (set = new Set()));
+      set.add(value);
+    } else if (value instanceof Graph) {
+      graphs.register(value, value.id);
+    } else if (Array.isArray(value)) {
+      for (const v of value) if (v instanceof Tensor) note(v);
+    }
+    return value;
+  };
+
+  // Free the handles of graph `id`'s ending step; `info` is what stale use reports.
+  const retire = (id, info) => {
+    const set = steps.get(id);
+    if (!set) return;
+    steps.delete(id);
+    for (const t of set) {
+      if (retired.has(t)) continue;
+      const step = t.step;
+      retired.set(t, { graph: id, step, ...info });
+      freeTensor.call(t);
+    }
+  };
+
+  const stale = (info, what) => new KilnError('StaleTensor', info.freed ? 'Graph' : 'Tensor', info.freed
+    ? `graph #${info.graph} was freed; make a new graph with kiln.graph()`
+    : `${what} belongs to step ${info.step} of graph #${info.graph}, which was reset and is now at step ${info.now}; ` +
+      'tensors live for one step: make new ones after graph.reset()');
+
+  const staleArgument = (args) => {
+    for (const a of args) {
+      const info = a instanceof Tensor ? retired.get(a) : undefined;
+      if (info) return stale(info, 'the other operand');
+      if (Array.isArray(a)) {
+        const bad = staleArgument(a);
+        if (bad) return bad;
+      }
+    }
+    return null;
+  };
+
+  const promiseMethods = new Set(['toArray', 'item']);
+  const wrap = (fn, name, ofTensor) => function (...args) {
+    if (ofTensor) {
+      const info = retired.get(this);
+      if (info) {
+        const error = stale(info, 'this tensor');
+        if (promiseMethods.has(name)) return Promise.reject(error);
+        throw error;
+      }
+    }
+    const bad = staleArgument(args);
+    if (bad) throw bad;
+    return note(fn.apply(this, args));
+  };
+
+  for (const value of Object.values(glue)) {
+    if (typeof value !== 'function' || !value.prototype || typeof value.prototype.free !== 'function') continue;
+    const ofTensor = value === Tensor;
+    const proto = value.prototype;
+    for (const key of Object.getOwnPropertyNames(proto)) {
+      if (key === 'constructor' || key === 'free' || key === '__destroy_into_raw') continue;
+      const d = Object.getOwnPropertyDescriptor(proto, key);
+      if (typeof d.value === 'function') {
+        Object.defineProperty(proto, key, { ...d, value: wrap(d.value, key, ofTensor) });
+      } else if (d.get) {
+        // Getters: a Tensor they return is noted too; a freed handle's
+        // getters give what is still known, or the stale error.
+        const get = d.get;
+        const known = { isAlive: () => false, step: (i) => i.step, graphId: (i) => i.graph };
+        Object.defineProperty(proto, key, {
+          ...d,
+          get() {
+            const info = ofTensor ? retired.get(this) : undefined;
+            if (info) {
+              if (known[key]) return known[key](info);
+              throw stale(info, 'this tensor');
+            }
+            return note(get.call(this));
+          },
+        });
+      }
+    }
+    for (const key of Object.getOwnPropertyNames(value)) {
+      const d = Object.getOwnPropertyDescriptor(value, key);
+      if (typeof d.value === 'function' && key !== '__wrap' && !key.startsWith('__')) {
+        Object.defineProperty(value, key, { ...d, value: wrap(d.value, key, false) });
+      }
+    }
+  }
+
+  // free() of one handle: it leaves its step's set; after the step has
+  // ended (and freed it) it is a no-op.
+  Tensor.prototype.free = function () {
+    if (retired.has(this)) return;
+    steps.get(this.graphId)?.delete(this);
+    freeTensor.call(this);
+  };
+  if (Symbol.dispose && Tensor.prototype[Symbol.dispose]) Tensor.prototype[Symbol.dispose] = Tensor.prototype.free;
+
+  // The step ends: its handles are freed.
+  const reset = Graph.prototype.reset;
+  Graph.prototype.reset = function () {
+    const id = this.id;
+    reset.call(this);
+    retire(id, { now: this.step });
+  };
+  const free = Graph.prototype.free;
+  Graph.prototype.free = function () {
+    const id = this.id;
+    free.call(this);
+    retire(id, { freed: true });
+  };
+
+  const functions = {};
+  for (const [name, value] of Object.entries(glue)) {
+    if (typeof value === 'function' && !(value.prototype && typeof value.prototype.free === 'function')) {
+      functions[name] = wrap(value, name, false);
+    }
+  }
+  return functions;
+}
