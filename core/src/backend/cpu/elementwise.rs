@@ -12,6 +12,10 @@ use super::{unsupported_dtype, with_any, with_num, In, Out};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::expr::compare as compare_values;
+// `with_unary!(op, K => body)` etc.: one arm per variant with K a constant,
+// generated from the enums' declarations (see `op_enum!`), so each
+// primitive gets its own loop and no list here names the ops.
+use crate::op::{with_binary, with_compare, with_unary};
 use crate::op::{BinaryOp, CompareOp, Elementwise, Expr, Op, UnaryOp, Value};
 
 pub(super) fn full(v: f64, out: &mut Out<'_>) -> Result<()> {
@@ -44,54 +48,6 @@ fn map<T: Scalar, O: Scalar>(x: &[T], out: &mut [O], weight: usize, f: impl Fn(T
             *o = f(v);
         }
     });
-}
-
-/// Run `$body` with `$U` bound to a *constant* equal to the unary op `$u`,
-/// so that `Value::unary($U, v)` is resolved at compile time and every
-/// primitive gets its own tight loop. Exhaustive: a new op is a compile
-/// error here until listed.
-macro_rules! with_unary {
-    ($u:expr, $U:ident => $body:expr) => {
-        with_unary!(@arms $u, $U => $body; Neg Abs Exp Log Sqrt Recip Sin Cos Tanh Sigmoid Relu Erf Erfc Sign Log1p Expm1)
-    };
-    (@arms $u:expr, $U:ident => $body:expr; $($v:ident)*) => {
-        match $u {
-            $(UnaryOp::$v => {
-                const $U: UnaryOp = UnaryOp::$v;
-                $body
-            })*
-        }
-    };
-}
-
-/// As `with_unary!`, for binary ops.
-macro_rules! with_binary {
-    ($b:expr, $B:ident => $body:expr) => {
-        with_binary!(@arms $b, $B => $body; Add Sub Mul Div Pow Maximum Minimum)
-    };
-    (@arms $b:expr, $B:ident => $body:expr; $($v:ident)*) => {
-        match $b {
-            $(BinaryOp::$v => {
-                const $B: BinaryOp = BinaryOp::$v;
-                $body
-            })*
-        }
-    };
-}
-
-/// As `with_unary!`, for comparisons.
-macro_rules! with_compare {
-    ($c:expr, $C:ident => $body:expr) => {
-        with_compare!(@arms $c, $C => $body; Equal NotEqual Less LessEqual Greater GreaterEqual)
-    };
-    (@arms $c:expr, $C:ident => $body:expr; $($v:ident)*) => {
-        match $c {
-            $(CompareOp::$v => {
-                const $C: CompareOp = CompareOp::$v;
-                $body
-            })*
-        }
-    };
 }
 
 /// The element-wise facts of `op` from the op table, after checking that a
