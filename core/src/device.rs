@@ -50,6 +50,10 @@ pub struct PoolStats {
     pub pooled_buffers: usize,
     /// Buffers the backend was asked to create (pool misses).
     pub backend_allocations: usize,
+    /// Bytes of all those buffers together, ever (not lowered by
+    /// `trim_pool`): its growth over a training step is what the step
+    /// allocated on the device, which is 0 once the pool has warmed up.
+    pub backend_allocated_bytes: usize,
     /// Bytes of the buffers handed out and not yet returned (their pool
     /// capacity, which rounds the request up by at most a quarter).
     pub live_bytes: usize,
@@ -180,6 +184,7 @@ impl Device {
             None => {
                 let id = self.0.backend.alloc(dtype, cap)?;
                 pool.stats.backend_allocations += 1;
+                pool.stats.backend_allocated_bytes += bytes;
                 pool.stats.allocated_bytes += bytes;
                 id
             }

@@ -39,6 +39,11 @@ const TARGET: u8 = 2;
 const RAN: u8 = 4;
 /// The most nodes run at once; what a backend asks for is capped here.
 const MAX_BATCH: usize = 32;
+/// Kernel calls of a batch kept inline (no heap) while it is run. Most
+/// batches hold one node; inline room for all `MAX_BATCH` made every node
+/// build and move about 10 KB of call records (memcpy was ~18 % of W3).
+/// A larger batch (parallel branches, each with real work) spills to the heap.
+const INLINE_BATCH: usize = 2;
 /// How far past the next node (in id order) the executor looks for ready
 /// nodes to run beside it. Bounds the extra memory live at once: nodes
 /// run early hold their outputs early.
@@ -234,7 +239,7 @@ fn run_batch(
     let len_of = |state: &GraphState, id: NodeId| -> usize {
         SlabRange::of(&state.dims_slab, state.nodes[id as usize].dims).iter().product()
     };
-    let mut outputs: SmallVec<[BufferId; MAX_BATCH]> = SmallVec::new();
+    let mut outputs: SmallVec<[BufferId; INLINE_BATCH]> = SmallVec::new();
     let mut failure = None;
     for &id in batch {
         let node = state.nodes[id as usize];
@@ -257,9 +262,9 @@ fn run_batch(
         }
         return Err(e);
     }
-    let results: SmallVec<[Result<()>; MAX_BATCH]> = {
+    let results: SmallVec<[Result<()>; INLINE_BATCH]> = {
         let state = &*state;
-        let inputs: SmallVec<[SmallVec<[TensorRef<'_>; 3]>; MAX_BATCH]> = batch
+        let inputs: SmallVec<[SmallVec<[TensorRef<'_>; 3]>; INLINE_BATCH]> = batch
             .iter()
             .map(|&id| {
                 SlabRange::of(&state.input_slab, state.nodes[id as usize].inputs)
@@ -275,7 +280,7 @@ fn run_batch(
                     .collect()
             })
             .collect();
-        let calls: SmallVec<[KernelCall<'_>; MAX_BATCH]> = batch
+        let calls: SmallVec<[KernelCall<'_>; INLINE_BATCH]> = batch
             .iter()
             .zip(&outputs)
             .zip(&inputs)
@@ -296,7 +301,7 @@ fn run_batch(
         if let [call] = calls.as_slice() {
             smallvec::smallvec![backend.run(call)]
         } else {
-            let mut results: SmallVec<[Result<()>; MAX_BATCH]> = backend.run_many(&calls).into_iter().collect();
+            let mut results: SmallVec<[Result<()>; INLINE_BATCH]> = backend.run_many(&calls).into_iter().collect();
             results.resize_with(calls.len(), || {
                 Err(Error::backend("run_many", "the backend ran fewer kernels than asked"))
             });

@@ -184,7 +184,7 @@ mod tests {
     use std::mem::{offset_of, size_of};
 
     use super::*;
-    use crate::shaders::{COMMON, FILES};
+    use crate::shaders::{as_written, FILES};
 
     /// A host struct's name, size and (field, offset) list.
     struct Layout {
@@ -255,7 +255,7 @@ mod tests {
     fn wgsl_structs() -> Vec<(String, u32, Vec<(String, u32)>)> {
         let mut found = Vec::new();
         for (name, text) in FILES {
-            let src = if name == "common.wgsl" { COMMON.to_string() } else { format!("{COMMON}\n{text}") };
+            let src = as_written(name, text);
             let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{name}: {e}"));
             for (_, ty) in module.types.iter() {
                 if let (Some(n), naga::TypeInner::Struct { members, span }) = (&ty.name, &ty.inner) {
@@ -299,7 +299,7 @@ mod tests {
     fn every_bound_parameter_struct_has_a_host_mirror() {
         let hosts: Vec<&str> = host_layouts().iter().map(|l| l.name).collect();
         for (name, text) in FILES.iter().skip(1) {
-            let src = format!("{COMMON}\n{text}");
+            let src = as_written(name, text);
             let module = naga::front::wgsl::parse_str(&src).unwrap();
             for (_, var) in module.global_variables.iter() {
                 if var.binding.as_ref().is_some_and(|b| b.group == 0 && b.binding == 0) {

@@ -11,10 +11,11 @@
 //! and each variant without a device). Parameters are named structs,
 //! mirrored on the host by `crate::params`.
 
-use kiln_core::op::{BinaryOp, CompareOp, CustomOp, ReduceOp, UnaryOp};
+use kiln_core::op::{BinaryOp, CompareOp, CustomOp, Expr, Op, ReduceOp, UnaryOp};
 use kiln_core::DType;
 
 pub const COMMON: &str = include_str!("shaders/common.wgsl");
+pub const SCALAR: &str = include_str!("shaders/scalar.wgsl");
 pub const FILL: &str = include_str!("shaders/fill.wgsl");
 pub const UNARY: &str = include_str!("shaders/unary.wgsl");
 pub const BINARY: &str = include_str!("shaders/binary.wgsl");
@@ -33,8 +34,9 @@ pub const ROWWISE: &str = include_str!("shaders/rowwise.wgsl");
 pub const TRIG: &str = include_str!("shaders/trig.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 17] = [
+pub const FILES: [(&str, &str); 18] = [
     ("common.wgsl", COMMON),
+    ("scalar.wgsl", SCALAR),
     ("fill.wgsl", FILL),
     ("unary.wgsl", UNARY),
     ("binary.wgsl", BINARY),
@@ -168,15 +170,10 @@ impl Kernel {
             Kernel::Unary(op, t) => {
                 let expr = unary_expr(op, t)?;
                 let body = specialise(UNARY, &[alias("T", t), format!("fn op(v: T) -> T {{\n    return {expr};\n}}")]);
-                // Only Sin and Cos need trig.wgsl's argument reduction.
-                if matches!(op, UnaryOp::Sin | UnaryOp::Cos) {
-                    format!("{TRIG}\n{body}")
-                } else {
-                    body
-                }
+                format!("{TRIG}\n{SCALAR}\n{body}")
             }
-            Kernel::Binary(op, t) => binary(t, t, binary_expr(op, t)?),
-            Kernel::Compare(op, t) => binary(t, Ty::U32, compare_expr(op)),
+            Kernel::Binary(op, t) => binary(t, t, &binary_expr(op, t)?),
+            Kernel::Compare(op, t) => binary(t, Ty::U32, &compare_expr(op, t)),
             Kernel::Where(t) => specialise(WHERE, &[alias("T", t)]),
             Kernel::Cast(from, to) => specialise(
                 CAST,
@@ -208,13 +205,14 @@ fn alias(name: &str, t: Ty) -> String {
     format!("alias {name} = {};", t.wgsl())
 }
 
-/// binary.wgsl with operand type `ti`, output type `to` and `op` returning
-/// `expr` (of `a` and `b`).
+/// trig.wgsl, scalar.wgsl and binary.wgsl with operand type `ti`, output
+/// type `to` and `op` returning `expr` (of `a` and `b`).
 fn binary(ti: Ty, to: Ty, expr: &str) -> String {
-    specialise(
+    let body = specialise(
         BINARY,
         &[alias("TI", ti), alias("TO", to), format!("fn op(a: TI, b: TI) -> TO {{\n    return {expr};\n}}")],
-    )
+    );
+    format!("{TRIG}\n{SCALAR}\n{body}")
 }
 
 /// The name and kind of a module-scope declaration: `alias NAME` or `fn NAME`.
@@ -261,62 +259,94 @@ pub fn specialise(file: &str, decls: &[String]) -> String {
     s
 }
 
-/// The expression of `v` that computes a unary op (None: no such variant).
-pub fn unary_expr(op: UnaryOp, t: Ty) -> Option<&'static str> {
+/// The dtype whose storage type `t` is (u32 words hold bools).
+fn dtype_of(t: Ty) -> DType {
     match t {
-        Ty::F32 => Some(match op {
-            UnaryOp::Neg => "-v",
-            UnaryOp::Abs => "abs(v)",
-            UnaryOp::Exp => "exp(v)",
-            UnaryOp::Log => "log(v)",
-            UnaryOp::Sqrt => "sqrt(v)",
-            UnaryOp::Recip => "1.0 / v",
-            UnaryOp::Sin => "kiln_sin(v)",
-            UnaryOp::Cos => "kiln_cos(v)",
-            UnaryOp::Tanh => "op_tanh(v)",
-            UnaryOp::Sigmoid => "op_sigmoid(v)",
-            UnaryOp::Relu => "op_relu_f(v)",
-            UnaryOp::Erf => "op_erf(v)",
-            UnaryOp::Erfc => "op_erfc(v)",
-            UnaryOp::Sign => "op_sign_f(v)",
-            UnaryOp::Log1p => "op_log1p(v)",
-            UnaryOp::Expm1 => "op_expm1(v)",
-        }),
-        Ty::I32 => match op {
-            UnaryOp::Neg => Some("-v"),
-            UnaryOp::Abs => Some("abs(v)"),
-            UnaryOp::Relu => Some("op_relu_i(v)"),
-            UnaryOp::Sign => Some("op_sign_i(v)"),
-            _ => None,
-        },
-        Ty::U32 => None,
+        Ty::F32 => DType::F32,
+        Ty::I32 => DType::I32,
+        Ty::U32 => DType::Bool,
     }
 }
 
-pub fn binary_expr(op: BinaryOp, t: Ty) -> Option<&'static str> {
-    match (op, t) {
-        (_, Ty::U32) => None,
-        (BinaryOp::Add, _) => Some("a + b"),
-        (BinaryOp::Sub, _) => Some("a - b"),
-        (BinaryOp::Mul, _) => Some("a * b"),
-        (BinaryOp::Div, Ty::F32) => Some("a / b"),
-        (BinaryOp::Pow, Ty::F32) => Some("pow_f(a, b)"),
-        (BinaryOp::Maximum, Ty::F32) => Some("max_f(a, b)"),
-        (BinaryOp::Minimum, Ty::F32) => Some("min_f(a, b)"),
-        (BinaryOp::Maximum, Ty::I32) => Some("max(a, b)"),
-        (BinaryOp::Minimum, Ty::I32) => Some("min(a, b)"),
-        (BinaryOp::Div | BinaryOp::Pow, Ty::I32) => None,
+/// The op table's expression of element-wise `op` printed as WGSL over the
+/// operands `args` of type `t`, when the table has a kernel for `t`.
+fn table_expr(op: Op, t: Ty, args: &[&str]) -> Option<String> {
+    let info = op.info();
+    let e = info.elementwise?;
+    info.dtypes.contains(dtype_of(t)).then(|| wgsl_expr(&e.expr, t, args))
+}
+
+/// The WGSL that computes a unary op of `v` (None: the table has no kernel
+/// for the type).
+pub fn unary_expr(op: UnaryOp, t: Ty) -> Option<String> {
+    table_expr(Op::Unary(op), t, &["v"])
+}
+
+/// The WGSL that computes a binary op of `a` and `b`.
+pub fn binary_expr(op: BinaryOp, t: Ty) -> Option<String> {
+    table_expr(Op::Binary(op), t, &["a", "b"])
+}
+
+/// The WGSL (a u32 0 or 1) of a comparison of `a` and `b` of type `t`.
+pub fn compare_expr(op: CompareOp, t: Ty) -> String {
+    let e = Op::Compare(op).info().elementwise.expect("comparisons are element-wise").expr;
+    format!("select(0u, 1u, {})", wgsl_cond(&e, t, &["a", "b"]))
+}
+
+/// An expression of the op table (`op::Expr`) as WGSL of type `t`: each
+/// primitive is scalar.wgsl's function `<op>_<type>` (the op's table name in
+/// lower case), so printing needs no per-op code here.
+pub fn wgsl_expr(e: &Expr, t: Ty, args: &[&str]) -> String {
+    let ty = t.wgsl();
+    match *e {
+        Expr::Arg(k) => args[k as usize].to_string(),
+        Expr::Const(c) => constant(c, t),
+        Expr::Unary(op, a) => format!("{}_{ty}({})", op.name().to_lowercase(), wgsl_expr(a, t, args)),
+        Expr::Binary(op, a, b) => {
+            format!("{}_{ty}({}, {})", op.name().to_lowercase(), wgsl_expr(a, t, args), wgsl_expr(b, t, args))
+        }
+        // A bool used as a number: 0 or 1 (as `Value::from_bool`).
+        Expr::Compare(..) => format!("select({}, {}, {})", constant(0.0, t), constant(1.0, t), wgsl_cond(e, t, args)),
+        Expr::Select(c, a, b) => {
+            format!("select({}, {}, {})", wgsl_expr(b, t, args), wgsl_expr(a, t, args), wgsl_cond(c, t, args))
+        }
+        // One element type in and out (as `Expr::eval`): nothing to convert.
+        Expr::Cast(a) => wgsl_expr(a, t, args),
     }
 }
 
-pub fn compare_expr(op: CompareOp) -> &'static str {
-    match op {
-        CompareOp::Equal => "cmp(a == b)",
-        CompareOp::NotEqual => "cmp(!(a == b))",
-        CompareOp::Less => "cmp(a < b)",
-        CompareOp::LessEqual => "cmp(a <= b)",
-        CompareOp::Greater => "cmp(a > b)",
-        CompareOp::GreaterEqual => "cmp(a >= b)",
+/// A WGSL `bool` of an expression: a comparison, or a number != 0.
+fn wgsl_cond(e: &Expr, t: Ty, args: &[&str]) -> String {
+    match *e {
+        Expr::Compare(op, a, b) => {
+            let (a, b) = (wgsl_expr(a, t, args), wgsl_expr(b, t, args));
+            match op {
+                CompareOp::Equal => format!("({a} == {b})"),
+                // True for NaN, as IEEE (and the CPU) say.
+                CompareOp::NotEqual => format!("!({a} == {b})"),
+                CompareOp::Less => format!("({a} < {b})"),
+                CompareOp::LessEqual => format!("({a} <= {b})"),
+                CompareOp::Greater => format!("({a} > {b})"),
+                CompareOp::GreaterEqual => format!("({a} >= {b})"),
+            }
+        }
+        _ => format!("({} != {})", wgsl_expr(e, t, args), constant(0.0, t)),
+    }
+}
+
+/// A finite constant of the table as a WGSL value of type `t`. Non-finite
+/// constants are refused: WGSL compilers reject constant expressions that
+/// evaluate to inf or NaN (the variant test prints every table expression,
+/// so a table entry with one fails there, not on a device).
+fn constant(c: f64, t: Ty) -> String {
+    match t {
+        Ty::F32 => {
+            let v = c as f32;
+            assert!(v.is_finite(), "the op table's constant {c} is not a finite f32; WGSL cannot state it");
+            format!("f32({v:?})")
+        }
+        Ty::I32 => format!("i32({})", c as i32),
+        Ty::U32 => format!("u32({})", c as u32),
     }
 }
 
@@ -414,6 +444,20 @@ pub fn all_kernels() -> Vec<Kernel> {
     v
 }
 
+/// A shader file as the host compiles it before specialisation (what the
+/// naga tests validate): after common.wgsl, and for the element-wise
+/// kernels after trig.wgsl and scalar.wgsl too.
+#[cfg(test)]
+pub(crate) fn as_written(name: &str, text: &str) -> String {
+    match name {
+        "common.wgsl" => COMMON.to_string(),
+        // scalar.wgsl's sin_f32/cos_f32 call trig.wgsl's kiln_sin/kiln_cos.
+        "scalar.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}"),
+        "unary.wgsl" | "binary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{text}"),
+        _ => format!("{COMMON}\n{text}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,17 +496,74 @@ mod tests {
     fn every_file_parses_and_validates_as_written() {
         validate("common.wgsl", COMMON);
         for (name, text) in FILES.iter().skip(1) {
-            validate(name, &format!("{COMMON}\n{text}"));
+            validate(name, &as_written(name, text));
         }
+    }
+
+    /// Every primitive's scalar function exists where the table says a
+    /// kernel does, with the name the printer uses, and nothing else in
+    /// scalar.wgsl looks like one that no op uses (a renamed op leaves no
+    /// dead function behind).
+    #[test]
+    fn scalar_functions_follow_the_table() {
+        let module = naga::front::wgsl::parse_str(&format!("{COMMON}\n{TRIG}\n{SCALAR}")).unwrap();
+        let defined: Vec<String> = module.functions.iter().filter_map(|(_, f)| f.name.clone()).collect();
+        let mut used = Vec::new();
+        for t in [Ty::F32, Ty::I32] {
+            for u in UnaryOp::ALL {
+                if let Some(e) = unary_expr(u, t) {
+                    used.push(format!("{}_{}", u.name().to_lowercase(), t.wgsl()));
+                    let _ = e;
+                }
+            }
+            for b in BinaryOp::ALL {
+                if binary_expr(b, t).is_some() {
+                    used.push(format!("{}_{}", b.name().to_lowercase(), t.wgsl()));
+                }
+            }
+        }
+        for f in &defined {
+            let is_op = f.ends_with("_f32") || f.ends_with("_i32");
+            let own = UnaryOp::ALL.iter().any(|u| f.starts_with(&format!("{}_", u.name().to_lowercase())))
+                || BinaryOp::ALL.iter().any(|b| f.starts_with(&format!("{}_", b.name().to_lowercase())));
+            if is_op && own {
+                assert!(used.contains(f), "scalar.wgsl defines {f}, which no op table entry uses");
+            }
+        }
+    }
+
+    /// The printer composes primitives: an expression the table could hold
+    /// for a composed op validates with no WGSL of its own.
+    #[test]
+    fn composed_expressions_print_as_valid_wgsl() {
+        use kiln_core::op::expr::arg;
+        const SOFT: Expr = Expr::Binary(
+            BinaryOp::Div,
+            arg(0),
+            &Expr::Binary(BinaryOp::Add, &Expr::Const(1.0), &Expr::Unary(UnaryOp::Abs, arg(0))),
+        );
+        const PICK: Expr = Expr::Select(&Expr::Compare(CompareOp::Less, arg(0), &Expr::Const(0.5)), arg(0), arg(1));
+        assert_eq!(wgsl_expr(&SOFT, Ty::F32, &["v"]), "div_f32(v, add_f32(f32(1.0), abs_f32(v)))");
+        assert_eq!(wgsl_expr(&PICK, Ty::F32, &["a", "b"]), "select(b, a, (a < f32(0.5)))");
+        let src = format!(
+            "{COMMON}\n{TRIG}\n{SCALAR}\nfn f(v: f32) -> f32 {{\n    return {};\n}}\nfn g(a: f32, b: f32) -> f32 {{\n    return {};\n}}\n",
+            wgsl_expr(&SOFT, Ty::F32, &["v"]),
+            wgsl_expr(&PICK, Ty::F32, &["a", "b"])
+        );
+        validate("composed", &src);
     }
 
     #[test]
     fn every_generated_variant_parses_and_validates() {
         let kernels = all_kernels();
-        // fill, where, index x 3 types; 9 casts; 16 + 4 unary; 18 compares;
-        // 7 + 5 binary; 6 + 6 + 2 reductions; matmul, chunks, copy, update;
-        // window x 2 types (f32, i32); pool, random, rowwise.
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + 20 + 12 + 18 + 14 + 4 + 2 + 3, "{kernels:?}");
+        // fill, where, index x 3 types; 9 casts; the unary and binary ops
+        // the table gives an f32 or i32 kernel (every op with one must have
+        // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
+        // copy, update; window x 2 types (f32, i32); pool, random, rowwise.
+        let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
+        let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
+            + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 3, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);

@@ -37,6 +37,129 @@ impl BenchResult {
     }
 }
 
+/// Counts of the host heap, kept by `CountingAllocator` when a binary
+/// installs it as its global allocator (`kiln` does). Reads are None in a
+/// program that did not: nothing was counted.
+pub mod host_heap {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+
+    /// The system allocator, counting allocations and bytes requested
+    /// (reallocations count as one allocation of the new size).
+    pub struct CountingAllocator;
+
+    // SAFETY: every method forwards to `System` with the caller's own
+    // arguments, so `System`'s guarantees are ours; the counters are atomics
+    // and never allocate.
+    unsafe impl GlobalAlloc for CountingAllocator {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            ALLOCATIONS.fetch_add(1, Relaxed);
+            BYTES.fetch_add(layout.size() as u64, Relaxed);
+            // SAFETY: forwarded as received (see the impl's comment).
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            ALLOCATIONS.fetch_add(1, Relaxed);
+            BYTES.fetch_add(layout.size() as u64, Relaxed);
+            // SAFETY: forwarded as received.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: forwarded as received.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            ALLOCATIONS.fetch_add(1, Relaxed);
+            BYTES.fetch_add(new_size as u64, Relaxed);
+            // SAFETY: forwarded as received.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    /// (allocations, bytes) since the program started, or None when no
+    /// `CountingAllocator` is installed.
+    pub fn counts() -> Option<(u64, u64)> {
+        let n = ALLOCATIONS.load(Relaxed);
+        (n > 0).then(|| (n, BYTES.load(Relaxed)))
+    }
+}
+
+/// What a workload's steps did besides taking time (BENCHMARKS.md's
+/// counters), per step after warm-up.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepCounters {
+    /// Kernel calls (CPU) or dispatches (wgpu) the executor issued per step.
+    pub kernels_per_step: f64,
+    /// Of those, run together with others as parallel branches.
+    pub concurrent_kernels_per_step: f64,
+    /// Bytes the device's pool asked the backend for per step (pool
+    /// misses); 0 means every buffer came from the pool.
+    pub device_bytes_allocated_per_step: f64,
+    /// The most device bytes live during the counted steps (parameters,
+    /// gradients and optimizer state included).
+    pub peak_device_bytes: usize,
+    /// Host heap allocations and bytes per step (graph nodes, call records,
+    /// kernel scratch); None without the counting allocator.
+    pub host_allocations_per_step: Option<f64>,
+    pub host_bytes_per_step: Option<f64>,
+}
+
+impl StepCounters {
+    /// The counters as `key=value` words for a result's notes.
+    pub fn notes(&self) -> String {
+        let host = match (self.host_allocations_per_step, self.host_bytes_per_step) {
+            (Some(n), Some(b)) => format!("host_allocs_per_step={n:.1} host_bytes_per_step={b:.0}"),
+            _ => "host_allocs_per_step=n/a".to_string(),
+        };
+        format!(
+            "kernels_per_step={:.1} concurrent_kernels_per_step={:.1} device_bytes_allocated_per_step={:.0} \
+             peak_device_mib={:.2} {host}",
+            self.kernels_per_step,
+            self.concurrent_kernels_per_step,
+            self.device_bytes_allocated_per_step,
+            self.peak_device_bytes as f64 / (1024.0 * 1024.0),
+        )
+    }
+}
+
+/// Run `warmup` untimed steps, then `counted` steps, and return the
+/// counters of the counted ones. No timing: the counts do not depend on
+/// the machine's speed, so tests can assert them.
+pub fn step_counters(
+    device: &Device,
+    warmup: usize,
+    counted: usize,
+    mut step: impl FnMut() -> Result<()>,
+) -> Result<StepCounters> {
+    for _ in 0..warmup {
+        step()?;
+    }
+    let (exec, pool) = (device.exec_stats(), device.stats());
+    let host = host_heap::counts();
+    device.reset_peak();
+    for _ in 0..counted {
+        step()?;
+    }
+    let (exec2, pool2) = (device.exec_stats(), device.stats());
+    let host2 = host_heap::counts();
+    let per = |a: usize, b: usize| (b - a) as f64 / counted.max(1) as f64;
+    let host_per = |f: fn((u64, u64)) -> u64| match (host, host2) {
+        (Some(a), Some(b)) => Some((f(b) - f(a)) as f64 / counted.max(1) as f64),
+        _ => None,
+    };
+    Ok(StepCounters {
+        kernels_per_step: per(exec.kernels, exec2.kernels),
+        concurrent_kernels_per_step: per(exec.concurrent_kernels, exec2.concurrent_kernels),
+        device_bytes_allocated_per_step: per(pool.backend_allocated_bytes, pool2.backend_allocated_bytes),
+        peak_device_bytes: pool2.peak_live_bytes,
+        host_allocations_per_step: host_per(|c| c.0),
+        host_bytes_per_step: host_per(|c| c.1),
+    })
+}
+
 /// Time `step` after `warmup` untimed runs; returns per-run milliseconds.
 fn time_runs(warmup: usize, counted: usize, mut step: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
     for _ in 0..warmup {
@@ -76,7 +199,8 @@ fn random_vec(n: usize, seed: u64) -> Vec<f32> {
 
 /// Times of training steps of `model` (forward, cross-entropy, backward,
 /// Adam at 1e-3, loss read back) on one fixed random batch of `batch`
-/// 784-pixel images and labels below 10, drawn from `seed` and `seed + 1`.
+/// 784-pixel images and labels below 10, drawn from `seed` and `seed + 1`,
+/// and the counters of a few more steps after them.
 fn training_steps(
     device: &Device,
     model: &Sequential,
@@ -84,15 +208,18 @@ fn training_steps(
     seed: u64,
     warmup: usize,
     counted: usize,
-) -> Result<Vec<f64>> {
-    time_runs(warmup, counted, training_step(device, model, batch, seed)?)
+) -> Result<(Vec<f64>, StepCounters)> {
+    let mut step = training_step(device, model, batch, seed)?;
+    let times = time_runs(warmup, counted, &mut step)?;
+    let counters = step_counters(device, 0, 5, &mut step)?;
+    Ok((times, counters))
 }
 
 /// One training step of `model` per call (forward, cross-entropy, backward,
 /// Adam at 1e-3, loss read back, a fresh graph each time as a training loop
 /// builds it) on one fixed random batch of `batch` 784-pixel images and
 /// labels below 10, drawn from `seed` and `seed + 1`.
-fn training_step<'a>(
+pub fn training_step<'a>(
     device: &'a Device,
     model: &'a Sequential,
     batch: usize,
@@ -119,22 +246,22 @@ fn training_step<'a>(
 /// W1: MLP 784-512-512-10 training step, Adam, batch 128.
 pub fn w1_mlp_step(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
     let model = Sequential::mlp(device, &[784, 512, 512, 10], Activation::Relu, 1)?;
-    let times = training_steps(device, &model, 128, 2, 20, counted)?;
-    Ok(summarize("W1", backend, times, String::new()))
+    let (times, counters) = training_steps(device, &model, 128, 2, 20, counted)?;
+    Ok(summarize("W1", backend, times, counters.notes()))
 }
 
 /// W2: CNN training step (BENCHMARKS.md), Adam, batch 64 of 28x28x1.
 pub fn w2_cnn_step(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
     let model = crate::models::cnn(device, [1, 28, 28], 10, 1)?;
-    let times = training_steps(device, &model, 64, 7, 5, counted)?;
-    Ok(summarize("W2", backend, times, String::new()))
+    let (times, counters) = training_steps(device, &model, 64, 7, 5, counted)?;
+    Ok(summarize("W2", backend, times, counters.notes()))
 }
 
 /// W3: 1000 × tanh(y·1.0001 + 0.001) on 16 floats, forward + backward.
 pub fn w3_graph_overhead(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
     let x0 = random_vec(16, 4);
     let mut graph = Graph::new(device);
-    let times = time_runs(5, counted, || {
+    let mut step = || {
         graph.reset();
         let x = graph.variable(&x0, &[16])?;
         let mut y = x;
@@ -145,13 +272,16 @@ pub fn w3_graph_overhead(device: &Device, backend: &str, counted: usize) -> Resu
         loss.backward()?;
         x.grad().expect("x is a variable").to_vec_blocking::<f32>()?;
         Ok(())
-    })?;
+    };
+    let times = time_runs(5, counted, &mut step)?;
+    let counters = step_counters(device, 0, 3, &mut step)?;
     let median = {
         let mut t = times.clone();
         t.sort_by(|a, b| a.total_cmp(b));
         t[t.len() / 2]
     };
-    let notes = format!("per-op {:.2} us ({} graph nodes per run)", median * 1e3 / 1000.0, graph.len());
+    let notes =
+        format!("per-op {:.2} us ({} graph nodes per run) {}", median * 1e3 / 1000.0, graph.len(), counters.notes());
     Ok(summarize("W3", backend, times, notes))
 }
 
@@ -173,6 +303,52 @@ pub fn w4_gemm(device: &Device, backend: &str, counted: usize) -> Result<BenchRe
     let median = sorted[sorted.len() / 2];
     let gflops = 2.0 * (n as f64).powi(3) / (median * 1e-3) / 1e9;
     Ok(summarize("W4", backend, times, format!("{gflops:.1} GFLOP/s")))
+}
+
+/// The GEMMs of W1 and W2 (as the layers and their gradient rules issue
+/// them: Linear is x·Wᵀ, Conv2d is W·cols per sample), each timed alone:
+/// (label, transpose_a, transpose_b, a's dims, b's dims).
+pub const GEMM_SHAPES: &[(&str, bool, bool, &[usize], &[usize])] = &[
+    ("w1_fc1_fwd_128x784x512", false, true, &[128, 784], &[512, 784]),
+    ("w1_fc1_dw_512x128x784", true, false, &[128, 512], &[128, 784]),
+    ("w1_fc2_fwd_128x512x512", false, true, &[128, 512], &[512, 512]),
+    ("w1_fc2_dx_128x512x512", false, false, &[128, 512], &[512, 512]),
+    ("w1_fc2_dw_512x128x512", true, false, &[128, 512], &[128, 512]),
+    ("w2_conv1_fwd_64x(32x9x676)", false, false, &[32, 9], &[64, 9, 676]),
+    ("w2_conv2_fwd_64x(64x288x121)", false, false, &[64, 288], &[64, 288, 121]),
+    ("w2_conv2_dcols_64x(288x64x121)", true, false, &[64, 288], &[64, 64, 121]),
+    ("w2_conv2_dw_64x(64x121x288)", false, true, &[64, 64, 121], &[64, 288, 121]),
+    ("gemm_1024x1024x1024", false, false, &[1024, 1024], &[1024, 1024]),
+];
+
+/// GEMM: GFLOP/s of each of `GEMM_SHAPES` (forward only, result read
+/// back, as W4), to compare the workloads' shapes with the 1024³ case.
+pub fn gemm_shapes(device: &Device, backend: &str, counted: usize) -> Result<Vec<BenchResult>> {
+    let mut results = Vec::new();
+    for (i, &(label, ta, tb, ad, bd)) in GEMM_SHAPES.iter().enumerate() {
+        let seed = 10 + 2 * i as u64;
+        let a = Param::new(device, "a", &random_vec(ad.iter().product(), seed), ad)?;
+        let b = Param::new(device, "b", &random_vec(bd.iter().product(), seed + 1), bd)?;
+        let mut graph = Graph::new(device);
+        let mut flops = 0.0;
+        let reps = if label.starts_with("gemm_1024") { counted.min(10) } else { counted };
+        let times = time_runs(3, reps, || {
+            graph.reset();
+            let _no_grad = graph.no_grad();
+            let (x, y) = (graph.param(&a)?, graph.param(&b)?);
+            let c = x.matmul_t(y, ta, tb)?;
+            let k = if ta { ad[ad.len() - 2] } else { ad[ad.len() - 1] };
+            flops = 2.0 * c.numel() as f64 * k as f64;
+            c.to_vec_blocking::<f32>()?;
+            Ok(())
+        })?;
+        let mut sorted = times.clone();
+        sorted.sort_by(|x, y| x.total_cmp(y));
+        let median = sorted[sorted.len() / 2];
+        let notes = format!("{label}: {:.1} GFLOP/s ({:.1} MFLOP)", flops / (median * 1e-3) / 1e9, flops / 1e6);
+        results.push(summarize("GEMM", backend, times, notes));
+    }
+    Ok(results)
 }
 
 /// What one activation-checkpointing configuration measured.

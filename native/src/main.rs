@@ -18,6 +18,10 @@ use kiln::snapshot::{load_snapshot, save_snapshot, RunShape};
 use kiln::train::{run_classifier, Position, TrainConfig};
 use kiln::{Device, DeviceSelection, Error, Result};
 
+/// Counts host allocations for `kiln bench`'s per-step counters.
+#[global_allocator]
+static ALLOCATOR: bench::host_heap::CountingAllocator = bench::host_heap::CountingAllocator;
+
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Train neural networks on every machine")]
 struct Cli {
@@ -198,8 +202,9 @@ struct BenchArgs {
     /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
     #[arg(long, env = "KILN_DEVICE", default_value = "cpu")]
     device: String,
-    /// Workloads to run (W1, W2, W3, W4, CKPT = activation checkpointing on
-    /// the char-level GPT, BRANCH = parallel branches on 8 towers; with --distributed: allreduce, W1).
+    /// Workloads to run (W1, W2, W3, W4, GEMM = GFLOP/s of W1's and W2's
+    /// matmul shapes, CKPT = activation checkpointing on the char-level
+    /// GPT, BRANCH = parallel branches on 8 towers; with --distributed: allreduce, W1).
     #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
     /// Instead of the workloads: N W1 training steps (after 50 warm-up
@@ -579,6 +584,13 @@ fn run_bench(args: BenchArgs) -> Result<()> {
                 }
                 continue;
             }
+            // The GEMM shapes of W1 and W2 next to 1024³, GFLOP/s each.
+            "GEMM" => {
+                for r in bench::gemm_shapes(&device, backend, 30)? {
+                    println!("{}", r.json());
+                }
+                continue;
+            }
             // Parallel branches: 8 towers of small matmuls, serial vs
             // concurrent (the CPU executor; other backends run it serially).
             "BRANCH" => {
@@ -600,7 +612,7 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             other => {
                 return Err(Error::invalid(
                     "bench",
-                    format!("unknown workload {other}; use W1, W2, W3, W4, CKPT or BRANCH"),
+                    format!("unknown workload {other}; use W1, W2, W3, W4, GEMM, CKPT or BRANCH"),
                 ))
             }
         };

@@ -63,6 +63,7 @@ fn unary_ops() {
         unary(UnaryOp::Erfc, rand(&d, -2.0, 2.0, 13)),
         unary(UnaryOp::Log1p, rand(&d, -0.5, 2.0, 16)),
         unary(UnaryOp::Expm1, rand(&d, -2.0, 2.0, 17)),
+        unary(UnaryOp::Softsign, away_from_zero(&d, 0.2, 2.0, 18)),
     ];
     // Every differentiable unary op is in the table.
     for op in UnaryOp::ALL {

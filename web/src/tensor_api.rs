@@ -443,6 +443,8 @@ unary! {
     "log1p" log1p => log1p,
     /// exp(x) - 1, accurate for small x.
     "expm1" expm1 => expm1,
+    /// x / (1 + |x|).
+    "softsign" softsign => softsign,
     /// -1, 0 or 1 (not differentiable).
     "sign" sign => sign,
     /// A copy that does not require grad (cuts the gradient).

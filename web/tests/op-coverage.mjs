@@ -35,6 +35,7 @@ export const reach = {
   Sign: (g) => f32(g, [1], [1]).sign(),
   Log1p: (g) => f32(g, [1], [1]).log1p(),
   Expm1: (g) => f32(g, [1], [1]).expm1(),
+  Softsign: (g) => f32(g, [1], [1]).softsign(),
   Cast: (g) => f32(g, [1], [1]).cast('int32'),
   Add: (g) => f32(g, [1], [1]).add(1),
   Sub: (g) => f32(g, [1], [1]).sub(1),

@@ -75,6 +75,7 @@ pub(crate) fn input_gradients<'g>(
                 UnaryOp::Erfc => one(g.mul(x.square()?.neg()?.exp()?.mul(-two_over_sqrt_pi)?)),
                 UnaryOp::Log1p => one(g.div(x.add(1.0)?)),
                 UnaryOp::Expm1 => one(g.mul(y.add(1.0)?)),
+                UnaryOp::Softsign => one(g.div(x.abs()?.add(1.0)?.square()?)),
                 UnaryOp::Sign => Err(no_rule(&op)),
             }
         }

@@ -8,7 +8,7 @@
 //! type, e.g. `log1p_f32`). Fused kernels are built by printing or
 //! evaluating the expressions of a chain of nodes one after another.
 
-use super::{BinaryOp, CompareOp, UnaryOp};
+use super::{BinaryOp, CompareOp, Op, UnaryOp};
 
 /// One element-wise computation. Children are `'static`: the op table's
 /// expressions are constants, so reading one never allocates.
@@ -89,6 +89,20 @@ pub trait Value: Copy + PartialOrd + Send + Sync + 'static {
     #[inline(always)]
     fn compare(op: CompareOp, a: Self, b: Self) -> bool {
         compare(op, a, b)
+    }
+}
+
+/// A unary op that the op table defines as an expression of other
+/// primitives (e.g. Softsign = x / (1 + |x|)): its value is that
+/// expression's. `Value::unary` sends every op without a scalar function of
+/// its own here, so a composed op needs no code in this file.
+#[inline]
+pub fn composed_unary<T: Value>(op: UnaryOp, x: T) -> T {
+    match Op::Unary(op).info().elementwise {
+        Some(e) if e.expr != Expr::Unary(op, arg(0)) => e.expr.eval(&[x]),
+        // A primitive with neither a scalar function nor a composition: the
+        // table test (`every_element_wise_op_evaluates`) catches it.
+        _ => panic!("{} is a primitive with no scalar function in op::expr", op.name()),
     }
 }
 
@@ -178,6 +192,9 @@ macro_rules! float_value {
                     }
                     UnaryOp::Log1p => $log1p(x),
                     UnaryOp::Expm1 => $expm1(x),
+                    // Ops the table composes from the ones above.
+                    #[allow(unreachable_patterns)]
+                    _ => composed_unary(op, x),
                 }
             }
             #[inline(always)]
@@ -260,5 +277,26 @@ mod tests {
         assert!(f32::binary(BinaryOp::Minimum, 1.0, f32::NAN).is_nan());
         assert_eq!(f64::unary(UnaryOp::Log1p, 1e-20), 1e-20);
         assert_eq!(f64::unary(UnaryOp::Expm1, 1e-20), 1e-20);
+    }
+
+    /// Every element-wise op of the table evaluates on every type its
+    /// kernels exist for (a primitive without a scalar function would
+    /// panic here), and composed ops agree with their expression.
+    #[test]
+    fn every_element_wise_op_evaluates() {
+        use crate::dtype::DType;
+        for op in UnaryOp::ALL {
+            let info = Op::Unary(op).info();
+            let e = info.elementwise.expect("unary ops are element-wise").expr;
+            for x in [-1.5f64, -0.25, 0.0, 0.5, 2.0] {
+                let v = f64::unary(op, x);
+                let direct = e.eval(&[x]);
+                assert!(v == direct || (v.is_nan() && direct.is_nan()), "{} at {x}", op.name());
+                let _ = f32::unary(op, x as f32);
+            }
+            if info.dtypes.contains(DType::I32) {
+                let _ = i32::unary(op, -3);
+            }
+        }
     }
 }

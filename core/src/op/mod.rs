@@ -25,6 +25,13 @@ use crate::shape::AxisSet;
 /// Declares a fieldless op enum and its `ALL` array from one list of
 /// variants, so that a new variant is one line and cannot be left out of
 /// `ALL` (which `Op::kinds`, the coverage report and the tests walk).
+///
+/// With `dispatch $with`, it also defines the macro `$with!(op, K => body)`:
+/// a `match` over every variant that runs `body` with `K` a *constant* equal
+/// to `op`, so that a kernel written once is monomorphised per variant (the
+/// CPU's element-wise loops use it: one tight loop per primitive, and a new
+/// variant gets its loop without any list to extend). `$d` is `$`, passed
+/// in because a macro cannot otherwise write `$` into the macro it defines.
 macro_rules! op_enum {
     ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident,)* }) => {
         $(#[$meta])*
@@ -36,9 +43,26 @@ macro_rules! op_enum {
             pub const ALL: [$name; [$($name::$variant),*].len()] = [$($name::$variant),*];
         }
     };
+    (dispatch $with:ident $d:tt $(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident,)* }) => {
+        op_enum! { $(#[$meta])* pub enum $name { $($(#[$vmeta])* $variant,)* } }
+
+        #[allow(unused_macros)]
+        macro_rules! $with {
+            ($d op:expr, $d k:ident => $d body:expr) => {
+                match $d op {
+                    $($crate::op::$name::$variant => {
+                        const $d k: $crate::op::$name = $crate::op::$name::$variant;
+                        $d body
+                    })*
+                }
+            };
+        }
+        #[allow(unused_imports)]
+        pub(crate) use $with;
+    };
 }
 
-op_enum! {
+op_enum! { dispatch with_unary $
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
     Neg,
@@ -60,10 +84,12 @@ pub enum UnaryOp {
     Log1p,
     /// exp(x) - 1, accurate for small x.
     Expm1,
+    /// x / (1 + |x|): composed from Div, Add and Abs in the op table.
+    Softsign,
 }
 }
 
-op_enum! {
+op_enum! { dispatch with_binary $
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,
@@ -76,7 +102,7 @@ pub enum BinaryOp {
 }
 }
 
-op_enum! {
+op_enum! { dispatch with_compare $
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CompareOp {
     Equal,

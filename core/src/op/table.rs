@@ -187,6 +187,13 @@ const POSITIVE: Domain = Domain::Interval(0.5, 2.0);
 /// ANYWHERE shifted: samples of the two never tie.
 const OFFSET: Domain = Domain::Interval(-1.9, 2.1);
 
+/// x / (1 + |x|).
+const SOFTSIGN: Expr = Expr::Binary(
+    BinaryOp::Div,
+    arg(0),
+    &Expr::Binary(BinaryOp::Add, &Expr::Const(1.0), &Expr::Unary(UnaryOp::Abs, arg(0))),
+);
+
 const fn saved(inputs: u8, output: bool) -> Saved {
     Saved { inputs, output }
 }
@@ -214,6 +221,23 @@ const CREATION: &str = "creation op: no inputs";
 /// A unary element-wise op computing `f(x)` with f the op's own primitive.
 const fn unary(name: &'static str, me: UnaryOp, dtypes: DTypeSet, saved: Saved, cost: u8, domain: Domain) -> OpInfo {
     let expr = Expr::Unary(me, arg(0));
+    OpInfo {
+        name,
+        family: Family::Elementwise,
+        arity: Arity::Exactly(1),
+        dtypes,
+        output: DTypeRule::SameAs(0),
+        grad_inputs: 1,
+        saved,
+        no_rule: None,
+        elementwise: Some(Elementwise { expr, cost, domains: [domain, ANYWHERE] }),
+    }
+}
+
+/// A unary element-wise op whose value is `expr`, an expression of other
+/// primitives: backends evaluate (CPU) or print (WGSL) it, so the op needs
+/// no kernel code of its own.
+const fn composed(name: &'static str, expr: Expr, dtypes: DTypeSet, saved: Saved, cost: u8, domain: Domain) -> OpInfo {
     OpInfo {
         name,
         family: Family::Elementwise,
@@ -321,6 +345,7 @@ impl Op {
                 ),
                 UnaryOp::Log1p => unary("Log1p", u, D::FLOAT, x, DEAR, Domain::Interval(-0.5, 2.0)),
                 UnaryOp::Expm1 => unary("Expm1", u, D::FLOAT, y, DEAR, ANYWHERE),
+                UnaryOp::Softsign => composed("Softsign", SOFTSIGN, D::FLOAT, x, CHEAP, Domain::AwayFromZero(0.2, 2.0)),
             },
             Op::Cast(_) => OpInfo {
                 name: "Cast",

@@ -99,6 +99,8 @@ unary_methods! {
     log1p => Log1p,
     /// exp(x) - 1, accurate for small x.
     expm1 => Expm1,
+    /// x / (1 + |x|), a smooth sign in (-1, 1).
+    softsign => Softsign,
     /// -1, 0 or 1 (NaN stays NaN). Not differentiable: backward through it is
     /// an error; `detach()` the input if a zero gradient is what you want.
     sign => Sign,

@@ -8,13 +8,13 @@
 // per thread.
 // Specialisation (shaders.rs replaces these whole declarations): `TI` the
 // operand type (f32, i32, u32 = bool for comparisons), `TO` the output type
-// (TI, or u32 for comparisons) and `op`, an expression of `a` and `b`, e.g.
-// `return a + b;` or `return cmp(a < b);`. As written: f32 addition.
+// (TI, or u32 for comparisons) and `op`, the op table's expression printed
+// with scalar.wgsl's functions, e.g. `return add_f32(a, b);` or
+// `return select(0u, 1u, a < b);`. As written: f32 addition. Put after
+// common.wgsl and scalar.wgsl.
 //
-// i32 arithmetic wraps (WGSL's integer semantics, like the CPU's wrapping
-// ops). Maximum/Minimum propagate NaN and keep `a` on ties, as the CPU does.
 // Comparisons are IEEE: every ordered comparison with NaN is false and
-// NotEqual is written `!(a == b)` so that it is true for NaN.
+// NotEqual is printed `!(a == b)` so that it is true for NaN.
 
 alias TI = f32;
 alias TO = f32;
@@ -27,61 +27,6 @@ fn op(a: TI, b: TI) -> TO {
 @group(0) @binding(1) var<storage, read> in_a: array<TI>;
 @group(0) @binding(2) var<storage, read> in_b: array<TI>;
 @group(0) @binding(3) var<storage, read_write> out: array<TO>;
-
-fn cmp(c: bool) -> u32 {
-    return select(0u, 1u, c);
-}
-
-fn max_f(a: f32, b: f32) -> f32 {
-    if (is_nan(a)) {
-        return a;
-    }
-    if (is_nan(b)) {
-        return b;
-    }
-    return select(b, a, a >= b);
-}
-
-fn min_f(a: f32, b: f32) -> f32 {
-    if (is_nan(a)) {
-        return a;
-    }
-    if (is_nan(b)) {
-        return b;
-    }
-    return select(b, a, a <= b);
-}
-
-// powf with the C/Rust special cases that exp2(b * log2(a)) gets wrong:
-// a negative base with an integer exponent, zero and one bases, zero exponents.
-fn pow_f(a: f32, b: f32) -> f32 {
-    if (b == 0.0 || a == 1.0) {
-        return 1.0;
-    }
-    if (is_nan(a) || is_nan(b)) {
-        return a + b;
-    }
-    let r = pow(abs(a), b);
-    if (a < 0.0) {
-        if (floor(b) != b) {
-            // Through a runtime value: browsers' WGSL compilers reject a
-            // constant expression that evaluates to NaN or infinity.
-            let nan_bits = 0x7fc00000u;
-            return bitcast<f32>(nan_bits);
-        }
-        // Odd integer exponents keep the sign (|b| >= 2^24 is always even).
-        let odd = abs(b) < 16777216.0 && (i32(b) & 1) == 1;
-        return select(r, -r, odd);
-    }
-    if (a == 0.0) {
-        if (b < 0.0) {
-            let infinity_bits = 0x7f800000u;
-            return bitcast<f32>(infinity_bits);
-        }
-        return 0.0;
-    }
-    return r;
-}
 
 @compute @workgroup_size(WG)
 fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {

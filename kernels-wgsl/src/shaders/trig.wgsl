@@ -1,7 +1,7 @@
 // trig.wgsl — kiln_sin and kiln_cos: f32 sine and cosine over the whole
 // finite range, within a few ulp of the CPU backend's (correctly rounded)
-// f32::sin/cos; inf and NaN give NaN. Prepended to the Sin and Cos variants
-// of unary.wgsl (self-contained: needs nothing from common.wgsl).
+// f32::sin/cos; inf and NaN give NaN. Put in front of scalar.wgsl (whose
+// sin_f32/cos_f32 call them) in every element-wise kernel; self-contained.
 //
 // WGSL's builtin sin/cos are only specified near [-π, π] (sin(1e30) gave -1.0
 // on lavapipe where the answer is -0.7912), so the argument is reduced here:
