@@ -30,9 +30,10 @@ pub const WINDOW: &str = include_str!("shaders/window.wgsl");
 pub const POOL: &str = include_str!("shaders/pool.wgsl");
 pub const RANDOM: &str = include_str!("shaders/random.wgsl");
 pub const ROWWISE: &str = include_str!("shaders/rowwise.wgsl");
+pub const TRIG: &str = include_str!("shaders/trig.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 16] = [
+pub const FILES: [(&str, &str); 17] = [
     ("common.wgsl", COMMON),
     ("fill.wgsl", FILL),
     ("unary.wgsl", UNARY),
@@ -49,6 +50,7 @@ pub const FILES: [(&str, &str); 16] = [
     ("pool.wgsl", POOL),
     ("random.wgsl", RANDOM),
     ("rowwise.wgsl", ROWWISE),
+    ("trig.wgsl", TRIG),
 ];
 
 /// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
@@ -165,7 +167,13 @@ impl Kernel {
             }
             Kernel::Unary(op, t) => {
                 let expr = unary_expr(op, t)?;
-                specialise(UNARY, &[alias("T", t), format!("fn op(v: T) -> T {{\n    return {expr};\n}}")])
+                let body = specialise(UNARY, &[alias("T", t), format!("fn op(v: T) -> T {{\n    return {expr};\n}}")]);
+                // Only Sin and Cos need trig.wgsl's argument reduction.
+                if matches!(op, UnaryOp::Sin | UnaryOp::Cos) {
+                    format!("{TRIG}\n{body}")
+                } else {
+                    body
+                }
             }
             Kernel::Binary(op, t) => binary(t, t, binary_expr(op, t)?),
             Kernel::Compare(op, t) => binary(t, Ty::U32, compare_expr(op)),
@@ -263,8 +271,8 @@ pub fn unary_expr(op: UnaryOp, t: Ty) -> Option<&'static str> {
             UnaryOp::Log => "log(v)",
             UnaryOp::Sqrt => "sqrt(v)",
             UnaryOp::Recip => "1.0 / v",
-            UnaryOp::Sin => "sin(v)",
-            UnaryOp::Cos => "cos(v)",
+            UnaryOp::Sin => "kiln_sin(v)",
+            UnaryOp::Cos => "kiln_cos(v)",
             UnaryOp::Tanh => "op_tanh(v)",
             UnaryOp::Sigmoid => "op_sigmoid(v)",
             UnaryOp::Relu => "op_relu_f(v)",
