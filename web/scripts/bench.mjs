@@ -12,11 +12,21 @@ export async function runBench({ quick = false, cpu = false } = {}) {
     const page = await browser.newPage();
     const logs = [];
     page.on('console', (m) => logs.push(m.text()));
+    // A page that fails to load its module never sets __kilnBench: fail
+    // now with the error rather than at the 30-minute timeout.
+    let pageError = null;
+    page.on('pageerror', (e) => { pageError = e; });
     const q = new URLSearchParams();
     if (quick) q.set('quick', '1');
     if (cpu) q.set('device', 'cpu');
     await page.goto(`${srv.url}/bench/?${q}`);
-    await page.waitForFunction(() => window.__kilnBench && (window.__kilnBench.done || window.__kilnBench.error), null, { timeout: 1800000 });
+    const deadline = Date.now() + 1800000;
+    for (;;) {
+      if (pageError) throw new Error(`the benchmark page failed: ${pageError.message}\n${logs.join('\n')}`);
+      if (await page.evaluate(() => window.__kilnBench && (window.__kilnBench.done || window.__kilnBench.error))) break;
+      if (Date.now() > deadline) throw new Error(`the benchmark page did not finish in 30 minutes\n${logs.join('\n')}`);
+      await new Promise((r) => setTimeout(r, 500));
+    }
     const result = await page.evaluate(() => window.__kilnBench);
     if (result.error) throw new Error(`${result.error}\n${logs.join('\n')}`);
     return result.lines;

@@ -19,7 +19,9 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { wasmSizes } from './wasm-sizes.mjs';
 
 const web = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const pkg = path.join(web, 'pkg');
+// KILN_WEB_PKG: build into another directory (e.g. to test a change while
+// pkg/ is in use); the default is web/pkg.
+const pkg = process.env.KILN_WEB_PKG ? path.resolve(process.env.KILN_WEB_PKG) : path.join(web, 'pkg');
 const args = new Set(process.argv.slice(2));
 const features = process.env.KILN_WEB_FEATURES || '';
 
@@ -30,7 +32,7 @@ function run(cmd, argv, opts = {}) {
 
 fs.rmSync(pkg, { recursive: true, force: true });
 {
-  const argv = ['build', '--target', 'web', '--out-dir', 'pkg/web', '--out-name', 'kiln_web',
+  const argv = ['build', '--target', 'web', '--out-dir', path.join(pkg, 'web'), '--out-name', 'kiln_web',
     '--profile', 'wasm-release', '--weak-refs', '--no-pack', '--no-opt', '--no-gitignore', '--mode', 'no-install'];
   if (features) argv.push('--', '--features', features);
   run('wasm-pack', argv);

@@ -25,6 +25,7 @@ pub mod error;
 pub mod graph;
 pub mod layers;
 pub mod nn;
+pub mod optim;
 pub mod promise;
 pub mod session;
 pub mod tensor_api;

@@ -37,6 +37,13 @@ extern "C" {
     #[wasm_bindgen(typescript_type = "Param[]")]
     pub type ParamArray;
 
+    /// What an optimizer's constructor takes: parameters, or parameter
+    /// groups with their own learning rate / weight decay.
+    #[wasm_bindgen(
+        typescript_type = "Param[] | Linear | Sequential | Layer | { params: Param[] | Linear | Sequential | Layer; lr?: number; weightDecay?: number }[]"
+    )]
+    pub type ParamsOrGroups;
+
     #[wasm_bindgen(typescript_type = "Promise<Float32Array | Float64Array | undefined>")]
     pub type GradPromise;
 }
@@ -475,6 +482,26 @@ macro_rules! optimizer_common {
     ($t:ident, $name:literal) => {
         #[wasm_bindgen]
         impl $t {
+            /// Lets kiln's own functions (LrScheduler) take this optimizer
+            /// as a plain JS value. Not for users.
+            #[wasm_bindgen(js_name = "__kilnOptimizer")]
+            pub fn handoff(&self) {
+                crate::optim::hand_off_optimizer(crate::optim::SharedOptimizer::$t(self.inner.clone()));
+            }
+
+            /// The learning rate of each parameter group, in group order.
+            #[wasm_bindgen(getter, js_name = groupLrs)]
+            pub fn group_lrs(&self) -> Res<Vec<f64>> {
+                Ok(self.inner.try_borrow().map_err(|_| busy(concat!($name, ".groupLrs")))?.group_learning_rates())
+            }
+
+            /// Set each group's learning rate (one per group, each finite and
+            /// >= 0; otherwise an error and no change).
+            #[wasm_bindgen(js_name = setGroupLrs)]
+            pub fn set_group_lrs(&self, lrs: &[f64]) -> Res<()> {
+                with_mut(&self.inner, concat!($name, ".setGroupLrs"), |o| o.set_group_learning_rates(lrs))
+            }
+
             /// Update every parameter that has a gradient.
             pub fn step(&self) -> Res<()> {
                 with_mut(&self.inner, concat!($name, ".step"), |o| o.step())
@@ -535,18 +562,27 @@ optimizer_common!(Sgd, "Sgd");
 
 #[wasm_bindgen]
 impl Sgd {
-    /// `params`: an array of Params or a module.
+    /// `params`: an array of Params, a module, or parameter groups
+    /// (`[{ params, lr?, weightDecay? }, ...]`, e.g. from `decaySplit`),
+    /// whose unset values default to `lr` and `weightDecay`.
     #[wasm_bindgen(constructor)]
     #[allow(non_snake_case)]
     pub fn new(
-        params: &ParamsArg,
+        params: &ParamsOrGroups,
         lr: f64,
         momentum: Option<f64>,
         weightDecay: Option<f64>,
         nesterov: Option<bool>,
     ) -> Res<Sgd> {
-        let params = params_from_js("Sgd", params)?;
-        Sgd::create(params, lr, momentum, weightDecay, nesterov)
+        let groups = crate::optim::groups_from_js("Sgd", params)?;
+        let inner = optim::Sgd::with_groups(
+            groups,
+            lr,
+            momentum.unwrap_or(0.0),
+            weightDecay.unwrap_or(0.0),
+            nesterov.unwrap_or(false),
+        )?;
+        Ok(Sgd { inner: Rc::new(RefCell::new(inner)) })
     }
 }
 
@@ -579,12 +615,14 @@ optimizer_common!(Adam, "Adam");
 
 #[wasm_bindgen]
 impl Adam {
-    /// `params`: an array of Params or a module. Defaults: betas (0.9,
-    /// 0.999), eps 1e-8, no weight decay; `decoupled` = true makes it AdamW.
+    /// `params`: an array of Params, a module, or parameter groups
+    /// (`[{ params, lr?, weightDecay? }, ...]`, e.g. from `decaySplit`).
+    /// Defaults: betas (0.9, 0.999), eps 1e-8, no weight decay;
+    /// `decoupled` = true makes it AdamW.
     #[wasm_bindgen(constructor)]
     #[allow(non_snake_case)]
     pub fn new(
-        params: &ParamsArg,
+        params: &ParamsOrGroups,
         lr: f64,
         beta1: Option<f64>,
         beta2: Option<f64>,
@@ -592,8 +630,16 @@ impl Adam {
         weightDecay: Option<f64>,
         decoupled: Option<bool>,
     ) -> Res<Adam> {
-        let params = params_from_js("Adam", params)?;
-        Adam::create(params, lr, beta1, beta2, eps, weightDecay, decoupled)
+        let groups = crate::optim::groups_from_js("Adam", params)?;
+        let inner = optim::Adam::with_groups(
+            groups,
+            lr,
+            (beta1.unwrap_or(0.9), beta2.unwrap_or(0.999)),
+            eps.unwrap_or(1e-8),
+            weightDecay.unwrap_or(0.0),
+            decoupled.unwrap_or(false),
+        )?;
+        Ok(Adam { inner: Rc::new(RefCell::new(inner)) })
     }
 
     /// Steps taken so far.

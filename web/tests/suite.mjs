@@ -174,6 +174,80 @@ export const tests = [
     checkFlat(r);
   }],
 
+  ['parameter groups, learning-rate schedules, gradient clipping', async (k, env, kiln) => {
+    // Two parameters with gradient = x (loss = sum(w * x)), updated by SGD
+    // with a learning rate per group.
+    const a = kiln.param('a', [1, 1], [2]);
+    const b = kiln.param('b', [1, 1], [2]);
+    const g = kiln.graph();
+    const grads = async (xa, xb) => {
+      g.reset();
+      a.zeroGrad(); b.zeroGrad();
+      g.param(a).mul(g.tensor(new Float32Array(xa), [2])).sum().add(g.param(b).mul(g.tensor(new Float32Array(xb), [2])).sum()).backward();
+    };
+    const sgd = new k.Sgd([{ params: [a], lr: 0.5 }, { params: [b] }], 0.1);
+    allClose(sgd.groupLrs, [0.5, 0.1], 0, 'group lrs (the second takes the default)');
+    await grads([1, 2], [3, 4]);
+    sgd.step();
+    allClose(await a.value(), [1 - 0.5 * 1, 1 - 0.5 * 2], 1e-6, 'group 0 moved by its lr');
+    allClose(await b.value(), [1 - 0.1 * 3, 1 - 0.1 * 4], 1e-6, 'group 1 moved by the default lr');
+    sgd.setGroupLrs([0.2, 0.02]);
+    allClose(sgd.groupLrs, [0.2, 0.02], 1e-12, 'setGroupLrs');
+    throws(() => sgd.setGroupLrs([0.1]), (e) => assert(e.kind === 'InvalidArgument' && /1 learning rates given for 2/.test(e.message), e.message), 'one rate per group');
+    throws(() => new k.Sgd([{ params: [a], lr: 'x' }], 0.1), (e) => assert(e.kind === 'InvalidArgument' && /group 0: lr must be a number/.test(e.message), e.message), 'bad group');
+    throws(() => new k.Sgd([{ params: [a] }, { params: [a] }], 0.1), (e) => assert(e.kind === 'InvalidArgument', e.message), 'a parameter in two groups');
+
+    // Schedules: factors as the formulas give them.
+    const wc = k.Schedule.warmupCosine(10, 110, 0.1);
+    close(wc.factor(0), 0.1, 1e-12, 'warm-up starts at 1/warmup');
+    close(wc.factor(5), 0.1 + 0.9 * 0.5, 1e-12, 'halfway through warm-up');
+    close(wc.factor(10), 1, 1e-12, 'cosine starts at 1');
+    close(wc.factor(60), 0.1 + 0.9 * 0.5, 1e-12, 'cosine halfway');
+    close(wc.factor(500), 0.1, 1e-12, 'after the end: minFactor');
+    close(k.Schedule.step(3, 0.5).factor(7), 0.25, 1e-12, 'step');
+    close(k.Schedule.exponential(0.9).factor(2), 0.81, 1e-12, 'exponential');
+    close(k.Schedule.constant().followedBy(4, k.Schedule.exponential(0.5)).factor(6), 0.25, 1e-12, 'followedBy');
+    close(k.Schedule.step(1, 0.5).times(k.Schedule.linearWarmup(4, 0)).factor(2), 0.25 * 0.5, 1e-12, 'times');
+    close(k.Schedule.oneCycle(100).factor(0), 1 / 25, 1e-9, 'one cycle starts at 1/divFactor');
+    throws(() => k.Schedule.step(0, 0.5), (e) => assert(e.kind === 'InvalidArgument' && e.op === 'Schedule', `${e.kind} ${e.op} ${e.message}`), 'bad schedule');
+    throws(() => k.Schedule.cosine(2.5), (e) => assert(e.kind === 'InvalidArgument' && /whole number/.test(e.message), e.message), 'fractional steps');
+
+    // LrScheduler keeps the groups' ratio.
+    const sched = new k.LrScheduler(sgd, k.Schedule.step(2, 0.5));
+    allClose(sched.baseLrs, [0.2, 0.02], 1e-12, 'base rates');
+    for (let i = 0; i < 4; i++) { sgd.step(); sched.step(); }
+    assert(sched.steps === 4, `steps ${sched.steps}`);
+    allClose(sgd.groupLrs, [0.05, 0.005], 1e-12, 'two halvings, ratio kept');
+    allClose(sched.currentLrs, [0.05, 0.005], 1e-12, 'currentLrs');
+    const again = new k.LrScheduler(sgd, k.Schedule.step(2, 0.5));
+    again.loadState(2, [0.2, 0.02]);
+    assert(again.steps === 2, `loaded steps ${again.steps}`);
+    allClose(sgd.groupLrs, [0.1, 0.01], 1e-12, 'loadState sets the rates of the loaded step');
+    throws(() => new k.LrScheduler(a, k.Schedule.constant()), (e) => assert(e.kind === 'InvalidArgument' && /expected an optimizer/.test(e.message), e.message), 'not an optimizer');
+    sched.free(); again.free();
+
+    // Clipping: gradients [3, 4] and [0, 0] have norm 5.
+    await grads([3, 4], [0, 0]);
+    const norm = await k.clipGradNorm([a, b], 1);
+    close(norm, 5, 1e-6, 'total norm before clipping');
+    allClose(await a.grad(), [0.6, 0.8], 1e-5, 'clipped to norm 1');
+    await grads([3, -4], [0.25, 9]);
+    k.clipGradValue([a, b], 0.5);
+    allClose(await a.grad(), [0.5, -0.5], 0, 'clamped');
+    allClose(await b.grad(), [0.25, 0.5], 0, 'clamped (b)');
+    close(await k.clipGradNorm([a, b], 100, Infinity), 0.5, 1e-7, 'inf-norm, no clipping');
+    throws(() => k.clipGradNorm([a], -1), (e) => assert(e.kind === 'InvalidArgument' && e.op === 'clip_grad_norm', e.message), 'bad max norm');
+
+    // decaySplit: rank >= 2 decays, the rest does not; AdamW over the groups.
+    const model = kiln.mlp([3, 4, 2]);
+    const groups = k.decaySplit(model, 0.1);
+    assert(groups.length === 2 && groups[0].weightDecay === 0.1 && groups[1].weightDecay === 0, JSON.stringify(groups.map((x) => x.weightDecay)));
+    assert(groups[0].params.every((p) => p.shape.length >= 2) && groups[1].params.every((p) => p.shape.length < 2), 'split by rank');
+    const adamw = new k.Adam(groups, 1e-3, undefined, undefined, undefined, undefined, true);
+    allClose(adamw.groupLrs, [1e-3, 1e-3], 0, 'AdamW over two groups');
+    adamw.free(); sgd.free(); model.free(); g.free(); a.free(); b.free();
+  }],
+
   ['one error kind per mistake; KilnError is exported', async (k, env, kiln) => {
     assert(typeof k.KilnError === 'function', 'KilnError exported');
     assert(k.start === undefined && k.__wbg_init === undefined, 'no internal names exported');

@@ -14,7 +14,7 @@ const dist = path.join(webDir, 'dist');
 const tsc = path.join(webDir, 'node_modules', 'typescript', 'bin', 'tsc');
 
 const program = `
-import { init, Kiln, Adam, Sgd, crossEntropy, KilnError, type KilnErrorKind, opKinds, Tensor, Layer, customOp, customVjp, findCustomOp, CustomOp, type CustomOpSpec, checkCustomOp, type CustomOpReport } from 'kiln-web';
+import { init, Kiln, Adam, Sgd, crossEntropy, KilnError, type KilnErrorKind, opKinds, Tensor, Layer, customOp, customVjp, findCustomOp, CustomOp, type CustomOpSpec, checkCustomOp, type CustomOpReport, Schedule, LrScheduler, clipGradNorm, clipGradValue, decaySplit, loadDigits, liveTensorHandles } from 'kiln-web';
 
 export async function main(): Promise<number> {
   await init();
@@ -31,7 +31,17 @@ export async function main(): Promise<number> {
   const x: Tensor = g.randNormal([2, 1, 4, 4], 1);
   const loss = crossEntropy(model.forward(x), g.tensor(new Int32Array([0, 1]), [2]));
   loss.backward();
+  const norm: number = await clipGradNorm(model, 1.0);
+  clipGradValue(model.parameters(), 0.5);
   opt.step();
+  const scheduler = new LrScheduler(opt, Schedule.warmupCosine(10, 100, 0.1).times(Schedule.constant()));
+  scheduler.step();
+  const lrs: number[] = Array.from(opt.groupLrs);
+  const grouped = new Adam(decaySplit(model, 0.1), 1e-3);
+  const custom = new Sgd([{ params: model.parameters(), lr: 0.01 }], 0.1);
+  grouped.free(); custom.free(); scheduler.free();
+  const digits = await loadDigits(0.2, 1);
+  const handles: number = liveTensorHandles() + digits.train.length + norm + lrs.length;
   const bytes: Uint8Array = await model.stateDict();
   model.loadStateDict(bytes);
   const optState: Uint8Array = await opt.stateDict();
@@ -55,7 +65,7 @@ export async function main(): Promise<number> {
     if (e instanceof KilnError) {
       const kind: KilnErrorKind = e.kind;
       const op: string = e.op;
-      return kind.length + op.length + info.length + parts.length + sliced.rank + opKinds().length + reversed.length + double.arity + (checked.passed ? 1 : 0);
+      return kind.length + op.length + info.length + parts.length + sliced.rank + opKinds().length + reversed.length + double.arity + (checked.passed ? 1 : 0) + handles;
     }
   }
   return await loss.item();
