@@ -220,18 +220,7 @@ const CREATION: &str = "creation op: no inputs";
 
 /// A unary element-wise op computing `f(x)` with f the op's own primitive.
 const fn unary(name: &'static str, me: UnaryOp, dtypes: DTypeSet, saved: Saved, cost: u8, domain: Domain) -> OpInfo {
-    let expr = Expr::Unary(me, arg(0));
-    OpInfo {
-        name,
-        family: Family::Elementwise,
-        arity: Arity::Exactly(1),
-        dtypes,
-        output: DTypeRule::SameAs(0),
-        grad_inputs: 1,
-        saved,
-        no_rule: None,
-        elementwise: Some(Elementwise { expr, cost, domains: [domain, ANYWHERE] }),
-    }
+    composed(name, Expr::Unary(me, arg(0)), dtypes, saved, cost, domain)
 }
 
 /// A unary element-wise op whose value is `expr`, an expression of other
