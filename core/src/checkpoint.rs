@@ -41,16 +41,24 @@ pub fn named_state(module: &dyn Module) -> Vec<(String, Param)> {
 }
 
 /// `named_state`, and the later keys of tied parameters as (alias key,
-/// index of the entry it repeats).
+/// index of the entry it repeats). The aliases come from
+/// `Module::state_dict_entries`, which lists a tied `Param` under every
+/// name (a derived module's `named_parameters` lists it once).
 fn state_and_aliases(module: &dyn Module) -> (Vec<(String, Param)>, Vec<(String, usize)>) {
     let mut all = module.named_parameters();
     all.extend(module.named_buffers());
     let mut entries: Vec<(String, Param)> = Vec::with_capacity(all.len());
-    let mut aliases = Vec::new();
+    let mut aliases: Vec<(String, usize)> = Vec::new();
     for (key, param) in all {
         match entries.iter().position(|(_, p)| p.same(&param)) {
             Some(first) => aliases.push((key, first)),
             None => entries.push((key, param)),
+        }
+    }
+    for (key, param) in module.state_dict_entries() {
+        let known = entries.iter().any(|(k, _)| *k == key) || aliases.iter().any(|(k, _)| *k == key);
+        if let (false, Some(first)) = (known, entries.iter().position(|(_, p)| p.same(&param))) {
+            aliases.push((key, first));
         }
     }
     (entries, aliases)

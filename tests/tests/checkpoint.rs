@@ -333,6 +333,81 @@ fn the_gpts_tied_head_round_trips() {
     assert_eq!(logits(&model), logits(&fresh));
 }
 
+/// A PyTorch `state_dict` of the GPT holds the tied table twice, as
+/// "tok_emb.weight" and "head.weight", and a file written from it (with the
+/// tensors cloned, for instance) keeps both. `#[derive(Module)]` lists the
+/// tied `Param` once, so the second key comes from `state_dict_entries`:
+/// accepted when the copies agree (either key alone is enough too), refused
+/// with both keys named, and nothing changed, when they differ.
+#[test]
+fn a_pytorch_style_gpt_file_with_both_tied_keys_loads() {
+    use kiln::gpt::{Gpt, GptConfig};
+    use safetensors::tensor::TensorView;
+    let device = Device::cpu();
+    let config = GptConfig { vocab: 7, context: 4, layers: 1, heads: 1, width: 4, dropout: 0.0 };
+    let model = Gpt::new(&device, config, 1).unwrap();
+    let entries = model.state_dict_entries();
+    let table = entries.iter().find(|(k, _)| k == "tok_emb.weight").map(|(_, p)| p.clone()).unwrap();
+    let head = entries.iter().find(|(k, _)| k == "head.weight").map(|(_, p)| p.clone());
+    assert!(head.is_some_and(|h| h.same(&table)), "state_dict_entries lists the tied head: {:?}", keys(&entries));
+    assert!(!keys(&model.named_parameters()).contains(&"head.weight".to_string()));
+
+    let bytes = pollster::block_on(checkpoint::save_state(&model)).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tied = file.tensor("tok_emb.weight").unwrap();
+    let changed: Vec<u8> = tied.data().iter().map(|b| b ^ 1).collect();
+    // The file as PyTorch lays it out: every key of the model's state_dict,
+    // "head.weight" last, with `head` as its bytes; `drop` leaves a key out.
+    let pytorch_file = |head: Option<&[u8]>, drop: &str| {
+        let mut tensors: Vec<(String, TensorView<'_>)> =
+            file.names().into_iter().filter(|k| *k != drop).map(|k| (k.to_string(), file.tensor(k).unwrap())).collect();
+        if let Some(data) = head {
+            tensors
+                .push(("head.weight".to_string(), TensorView::new(tied.dtype(), tied.shape().to_vec(), data).unwrap()));
+        }
+        let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+        safetensors::serialize(tensors, Some(metadata)).unwrap()
+    };
+    let logits = |m: &Gpt| {
+        let g = Graph::new(&device);
+        m.forward(g.tensor_from(&[1i32, 6, 0], &[1, 3]).unwrap()).unwrap().to_vec_blocking::<f32>().unwrap()
+    };
+
+    let both = pytorch_file(Some(tied.data()), "");
+    assert_eq!(safetensors::SafeTensors::deserialize(&both).unwrap().names().len(), file.names().len() + 1);
+    let fresh = Gpt::new(&device, config, 2).unwrap();
+    assert_ne!(values(&model), values(&fresh));
+    checkpoint::load_state(&fresh, &both).unwrap();
+    assert_eq!(values(&model), values(&fresh));
+    assert_eq!(logits(&model), logits(&fresh));
+
+    // The later key alone.
+    let fresh = Gpt::new(&device, config, 3).unwrap();
+    checkpoint::load_state(&fresh, &pytorch_file(Some(tied.data()), "tok_emb.weight")).unwrap();
+    assert_eq!(values(&model), values(&fresh));
+
+    // Copies that differ (by one bit per byte): refused, nothing loaded.
+    let fresh = Gpt::new(&device, config, 4).unwrap();
+    let before = values(&fresh);
+    let e = checkpoint::load_state(&fresh, &pytorch_file(Some(&changed), "")).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("'tok_emb.weight' and 'head.weight' name one tied parameter but hold different values"),
+        "{msg}"
+    );
+    assert_eq!(values(&fresh), before, "a refused file changes nothing");
+    // The model is still usable: the agreeing file loads afterwards.
+    checkpoint::load_state(&fresh, &both).unwrap();
+    assert_eq!(values(&model), values(&fresh));
+
+    // An untied key under another name is still unexpected.
+    let mut extra: Vec<(String, TensorView<'_>)> =
+        file.names().into_iter().map(|k| (k.to_string(), file.tensor(k).unwrap())).collect();
+    extra.push(("head.bias".to_string(), tied.clone()));
+    let e = checkpoint::load_state(&fresh, &safetensors::serialize(extra, None).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("unexpected keys [\"head.bias\"]"), "{e}");
+}
+
 #[test]
 fn a_module_without_distinct_keys_cannot_be_saved() {
     // Two linears under one module that does not prefix their keys.

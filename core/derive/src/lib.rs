@@ -75,6 +75,7 @@ fn expand(input: DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
     let mut params = Vec::new();
     let mut buffers = Vec::new();
     let mut training = Vec::new();
+    let mut state_dict = Vec::new();
     for field in &fields.named {
         let mut role = Role::Field;
         for attr in field.attrs.iter().filter(|a| a.path().is_ident("module")) {
@@ -95,9 +96,14 @@ fn expand(input: DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
         let name = name.strip_prefix("r#").unwrap_or(&name).to_string();
         match role {
             Role::Skip => {}
-            Role::Buffer => buffers.push(quote! {
-                #krate::nn::ModuleField::collect_parameters(&self.#ident, #name, &mut out);
-            }),
+            Role::Buffer => {
+                buffers.push(quote! {
+                    #krate::nn::ModuleField::collect_parameters(&self.#ident, #name, &mut out);
+                });
+                state_dict.push(quote! {
+                    #krate::nn::ModuleField::collect_parameters(&self.#ident, #name, &mut out);
+                });
+            }
             Role::Field => {
                 params.push(quote! {
                     #krate::nn::ModuleField::collect_parameters(&self.#ident, #name, &mut out);
@@ -107,6 +113,9 @@ fn expand(input: DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
                 });
                 training.push(quote! {
                     #krate::nn::ModuleField::set_training_field(&self.#ident, training);
+                });
+                state_dict.push(quote! {
+                    #krate::nn::ModuleField::collect_state_dict(&self.#ident, #name, &mut out);
                 });
             }
         }
@@ -146,6 +155,13 @@ fn expand(input: DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
             fn set_training(&self, training: bool) {
                 #(#training)*
             }
+            /// Every field's keys, a tied parameter under each of its names
+            /// (PyTorch's state_dict keys), in field order.
+            fn state_dict_entries(&self) -> ::std::vec::Vec<(::std::string::String, #krate::Param)> {
+                let mut out = ::std::vec::Vec::new();
+                #(#state_dict)*
+                out
+            }
         }
         impl #impl_generics #krate::nn::ModuleField for #ident #ty_generics #where_clause {
             fn collect_parameters(&self, prefix: &str, out: &mut ::std::vec::Vec<(::std::string::String, #krate::Param)>) {
@@ -156,6 +172,9 @@ fn expand(input: DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
             }
             fn set_training_field(&self, training: bool) {
                 #krate::nn::Module::set_training(self, training);
+            }
+            fn collect_state_dict(&self, prefix: &str, out: &mut ::std::vec::Vec<(::std::string::String, #krate::Param)>) {
+                #krate::nn::prefix_entries(prefix, #krate::nn::Module::state_dict_entries(self), out);
             }
         }
     })

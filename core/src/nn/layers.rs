@@ -246,6 +246,9 @@ impl Module for Sequential {
     fn named_buffers(&self) -> Vec<(String, Param)> {
         prefixed(&self.layers, |l| l.named_buffers())
     }
+    fn state_dict_entries(&self) -> Vec<(String, Param)> {
+        prefixed(&self.layers, |l| l.state_dict_entries())
+    }
 }
 
 /// Each layer's named entries with the layer's index in front.

@@ -65,6 +65,18 @@ pub trait Module {
     /// evaluation behaviour. Layers without such behaviour ignore it.
     fn set_training(&self, _training: bool) {}
 
+    /// Every key that PyTorch's `state_dict` of this module would hold,
+    /// with its `Param`: a tied `Param` under each of its names (for the GPT,
+    /// "head.weight" as well as "tok_emb.weight"), which `named_parameters`
+    /// lists once. Checkpoint loading accepts those later keys (the copies
+    /// must agree). Default: `named_parameters` then `named_buffers`;
+    /// `#[derive(Module)]` generates it from the fields.
+    fn state_dict_entries(&self) -> Vec<(String, Param)> {
+        let mut all = self.named_parameters();
+        all.extend(self.named_buffers());
+        all
+    }
+
     /// Total number of scalar parameters.
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(|p| p.numel()).sum()
@@ -83,6 +95,12 @@ pub trait ModuleField {
     fn collect_parameters(&self, prefix: &str, out: &mut Vec<(String, Param)>);
     fn collect_buffers(&self, prefix: &str, out: &mut Vec<(String, Param)>);
     fn set_training_field(&self, training: bool);
+    /// `Module::state_dict_entries` under the field's name: parameters and
+    /// buffers, a tied `Param` under every name it has.
+    fn collect_state_dict(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        self.collect_parameters(prefix, out);
+        self.collect_buffers(prefix, out);
+    }
 }
 
 /// Append `entries` to `out` with "{prefix}." in front of each key.
@@ -122,6 +140,11 @@ impl<T: ModuleField> ModuleField for Vec<T> {
             item.collect_buffers(&format!("{prefix}.{i}"), out);
         }
     }
+    fn collect_state_dict(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        for (i, item) in self.iter().enumerate() {
+            item.collect_state_dict(&format!("{prefix}.{i}"), out);
+        }
+    }
     fn set_training_field(&self, training: bool) {
         self.iter().for_each(|item| item.set_training_field(training));
     }
@@ -138,6 +161,11 @@ impl<T: ModuleField> ModuleField for Option<T> {
             item.collect_buffers(prefix, out);
         }
     }
+    fn collect_state_dict(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        if let Some(item) = self {
+            item.collect_state_dict(prefix, out);
+        }
+    }
     fn set_training_field(&self, training: bool) {
         if let Some(item) = self {
             item.set_training_field(training);
@@ -151,6 +179,9 @@ impl ModuleField for Box<dyn Module> {
     }
     fn collect_buffers(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
         prefix_entries(prefix, self.named_buffers(), out);
+    }
+    fn collect_state_dict(&self, prefix: &str, out: &mut Vec<(String, Param)>) {
+        prefix_entries(prefix, self.state_dict_entries(), out);
     }
     fn set_training_field(&self, training: bool) {
         self.set_training(training);
@@ -167,6 +198,9 @@ macro_rules! module_field {
             }
             fn collect_buffers(&self, prefix: &str, out: &mut Vec<(String, $crate::Param)>) {
                 $crate::nn::prefix_entries(prefix, $crate::nn::Module::named_buffers(self), out);
+            }
+            fn collect_state_dict(&self, prefix: &str, out: &mut Vec<(String, $crate::Param)>) {
+                $crate::nn::prefix_entries(prefix, $crate::nn::Module::state_dict_entries(self), out);
             }
             fn set_training_field(&self, training: bool) {
                 $crate::nn::Module::set_training(self, training);
