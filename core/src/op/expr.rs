@@ -212,7 +212,8 @@ macro_rules! float_value {
         }
     };
 }
-float_value!(f32, libm::erff, libm::erfcf, libm::log1pf, libm::expm1f);
+// f32 erf: our branch-free version (op/erf.rs), which vectorises.
+float_value!(f32, super::erf::erf_f32, libm::erfcf, libm::log1pf, libm::expm1f);
 float_value!(f64, libm::erf, libm::erfc, libm::log1p, libm::expm1);
 
 /// i32 arithmetic wraps. The ops the table refuses for i32 (Div, Pow and

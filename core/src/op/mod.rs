@@ -11,6 +11,7 @@
 
 mod attrs;
 pub mod custom;
+mod erf;
 pub mod expr;
 mod table;
 
