@@ -56,6 +56,8 @@ pub(crate) fn read(be: &WgpuBackend, buffer: BufferId, dtype: DType, len: usize)
     let device = be.ctx().device.clone();
     let errors = be.ctx().errors.clone();
     let checks = std::mem::take(&mut *be.pending.borrow_mut());
+    #[cfg(target_arch = "wasm32")]
+    let compiles = be.pipelines.borrow_mut().take_checks();
     Box::pin(async move {
         const OP: &str = "read";
         let (staging, mapped) = prepared?;
@@ -65,6 +67,24 @@ pub(crate) fn read(be: &WgpuBackend, buffer: BufferId, dtype: DType, len: usize)
             .map_err(|e| Error::backend(OP, format!("waiting for the GPU failed: {e}")))?;
         #[cfg(target_arch = "wasm32")]
         let _ = &device;
+        // A custom kernel the browser refused fails this read with the
+        // compiler's message; what the GPU reported after it (the dispatches
+        // that used the broken pipeline) is its consequence, dropped once
+        // the submitted work is done.
+        #[cfg(target_arch = "wasm32")]
+        {
+            let mut refused = None;
+            for compile in compiles {
+                if let Err(e) = compile.settle().await {
+                    refused.get_or_insert(e);
+                }
+            }
+            if let Some(e) = refused {
+                let _ = mapped.recv_async().await;
+                let _ = errors.check(OP);
+                return Err(e);
+            }
+        }
         for check in checks {
             check.settle().await?;
         }
