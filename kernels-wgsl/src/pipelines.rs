@@ -37,7 +37,13 @@ pub(crate) struct Pipelines {
     /// Compilations of custom kernels not yet awaited.
     #[cfg(target_arch = "wasm32")]
     checks: Vec<CompileCheck>,
+    /// Validation errors of submissions made while `checks` was not empty.
+    #[cfg(target_arch = "wasm32")]
+    submit_scopes: Vec<Scope>,
 }
+
+#[cfg(target_arch = "wasm32")]
+pub(crate) type Scope = Pin<Box<dyn Future<Output = Option<wgpu::Error>>>>;
 
 impl Pipelines {
     pub fn get(
@@ -82,11 +88,14 @@ impl Pipelines {
             compilation_options: Default::default(),
             cache: None,
         });
+        let layout = pipeline.get_bind_group_layout(0);
+        // After get_bind_group_layout, which fails too on a refused kernel.
         #[cfg(target_arch = "wasm32")]
         if let (Some(scope), Kernel::Custom(custom)) = (scope, kernel) {
             let verdict = Rc::new(RefCell::new(None));
             self.refused.insert(kernel, verdict.clone());
             self.checks.push(CompileCheck {
+                hold: ctx.errors.hold(),
                 op: custom.name(),
                 info: Box::pin(module.get_compilation_info()),
                 scope: Box::pin(scope.pop()),
@@ -94,7 +103,6 @@ impl Pipelines {
             });
         }
         ctx.errors.check(op)?;
-        let layout = pipeline.get_bind_group_layout(0);
         let p = Rc::new(Pipeline { pipeline, layout });
         self.pipelines.insert((kernel, entry), p.clone());
         Ok(p)
@@ -103,18 +111,30 @@ impl Pipelines {
 
 #[cfg(target_arch = "wasm32")]
 impl Pipelines {
-    /// The compilations a `read` must await.
-    pub fn take_checks(&mut self) -> Vec<CompileCheck> {
-        std::mem::take(&mut self.checks)
+    /// The compilations a `read` must await, and the error scopes of the
+    /// submissions made meanwhile.
+    pub fn take_checks(&mut self) -> (Vec<CompileCheck>, Vec<Scope>) {
+        (std::mem::take(&mut self.checks), std::mem::take(&mut self.submit_scopes))
+    }
+
+    /// Whether a custom kernel's compilation awaits its check.
+    pub fn checking(&self) -> bool {
+        !self.checks.is_empty()
+    }
+
+    pub fn add_submit_scope(&mut self, scope: Scope) {
+        self.submit_scopes.push(scope);
     }
 }
 
 /// A custom kernel's compilation in the browser, on its way to a verdict.
 #[cfg(target_arch = "wasm32")]
 pub(crate) struct CompileCheck {
+    /// Keeps the error slot's reports for the read that settles this check.
+    hold: crate::context::HoldGuard,
     op: &'static str,
     info: Pin<Box<dyn Future<Output = wgpu::CompilationInfo>>>,
-    scope: Pin<Box<dyn Future<Output = Option<wgpu::Error>>>>,
+    scope: Scope,
     verdict: Rc<RefCell<Option<Error>>>,
 }
 
@@ -137,6 +157,7 @@ impl CompileCheck {
             })
             .collect();
         let scope = self.scope.await;
+        drop(self.hold);
         let error = if !messages.is_empty() {
             format!("the browser's WebGPU compiler refused it:\n{}", messages.join("\n"))
         } else if let Some(e) = scope {

@@ -499,13 +499,11 @@ pub fn reference() -> CustomOp {
             .backward(|x, _y, g| Ok(vec![Some(g.mul(x[0].square()?.mul(3.0)?)?)]))
             .saves(&[0], false)
             .sample(vec![CheckInput::new(vec![-0.9, -0.4, 0.1, 0.5, 0.8, 1.3], &[2, 3])]);
-        #[cfg(feature = "wgsl")]
         let builder = builder.wgsl(REFERENCE_WGSL);
         builder.register().expect("the reference custom op is valid")
     })
 }
 
-#[cfg(feature = "wgsl")]
 const REFERENCE_WGSL: &str = "
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
