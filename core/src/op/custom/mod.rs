@@ -40,6 +40,8 @@
 
 mod check;
 pub mod wgsl;
+// naga's stand-in; compiled with naga too for its tests (which compare the two).
+#[cfg(any(test, not(feature = "wgsl")))]
 mod wgsl_scan;
 
 pub use check::{check_custom_op, CustomCheckOptions, CustomOpReport, Parity};
