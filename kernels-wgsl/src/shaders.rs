@@ -136,6 +136,8 @@ impl Kernel {
                 "sort_step",
                 "buckets_clear",
                 "buckets_find",
+                "leaves",
+                "tree_level",
                 "scatter",
             ],
             Kernel::Update => &["sgd", "sgd_momentum", "adam"],

@@ -127,20 +127,20 @@ fn vulkan_out_of_range_indices_are_the_cpus_error() {
 
 /// Sizes where the old kernels looped over the whole index vector in every
 /// invocation: the range check of 3,000,000 indices (one workgroup used to
-/// scan them all, ~11,700 iterations per thread) and a ScatterAdd of 66,667
+/// scan them all, ~11,700 iterations per thread) and a ScatterAdd of 300,001
 /// source rows with heavy duplicates (every output used to scan all of
-/// them; now each output adds only its own run, here 60,000 for the hot
-/// index, which must still match the CPU bit for bit). Lavapipe stops any
-/// loop after 65,535 iterations without an error (seen here: 270,001
-/// duplicates gave exactly the sum of the first 65,535), so that run must
-/// stay below it until the per-output loop is bounded.
+/// them). Lavapipe stops any loop after 65,535 iterations without an error:
+/// with each output adding its own 270,001 duplicates in one loop, the hot
+/// output was exactly the sum of the first 65,535. Now the duplicates are
+/// summed by the summation rule (leaves of 128, then a tree, one level per
+/// pass) on both devices, and the bits must match the CPU's.
 #[test]
 fn vulkan_many_indices_and_heavy_duplicates() {
     let Some(gpu) = common::vulkan_device("index_ops") else { return };
     let cpu = Device::cpu();
     // Heavy duplicates: index 1 nearly everywhere, 0 and 2 now and then,
     // 3 never (its output must be dest's bits).
-    let count = 66_667;
+    let count = 300_001;
     let index: Vec<i32> =
         (0..count).map(|i| [1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1][i % 20]).collect();
     let want = scatter(&cpu, &[4, 3], 0, &index).unwrap();

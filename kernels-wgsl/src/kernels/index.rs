@@ -15,6 +15,10 @@ use crate::params::{words, Index};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
 
+/// Source values one invocation folds (the summation rule's leaf; the CPU's
+/// `LEAF`, `LEAF` in index.wgsl).
+const LEAF: usize = 128;
+
 /// Check the index vector's type and record its range check.
 fn check(be: &WgpuBackend, op: &'static str, idx: &TensorRef<'_>, axis: usize, size: usize) -> Result<usize> {
     checks::index_vector(op, idx.dtype, idx.dims)?;
@@ -103,9 +107,17 @@ pub(crate) fn scatter_add(
             return Err(e);
         }
     };
-    let result = sorted_scatter(be, [keys, buckets], sorted_len, [n, size, count, inner], [src, idx, dest, out], t);
-    be.free_scratch(keys);
-    be.free_scratch(buckets);
+    let partials = match be.scratch(out.dtype, src.numel().max(1)) {
+        Ok(id) => id,
+        Err(e) => {
+            be.free_scratch(keys);
+            be.free_scratch(buckets);
+            return Err(e);
+        }
+    };
+    let scratch = [keys, buckets, partials];
+    let result = sorted_scatter(be, scratch, sorted_len, [n, size, count, inner], [src, idx, dest, out], t);
+    scratch.into_iter().for_each(|id| be.free_scratch(id));
     result
 }
 
@@ -115,10 +127,11 @@ fn too_many(count: usize) -> Error {
 
 /// The launches of a ScatterAdd once its scratch exists: `keys` holds
 /// `sorted_len` (a power of two) (index, position) pairs, `buckets` one
-/// (first, end) pair per index value.
+/// (first, end) pair per index value, `partials` one value per source
+/// element (the leaf and tree sums of each index's duplicates).
 fn sorted_scatter(
     be: &WgpuBackend,
-    [keys, buckets]: [BufferId; 2],
+    [keys, buckets, partials]: [BufferId; 3],
     sorted_len: usize,
     [n, size, count, inner]: [usize; 4],
     [src, idx, dest, out]: [&TensorRef<'_>; 4],
@@ -147,8 +160,22 @@ fn sorted_scatter(
     }
     be.launch(OP, sorter, "buckets_clear", &[buckets_arg], words(&base), be.grid_for(OP, size as usize)?)?;
     be.launch(OP, sorter, "buckets_find", &[keys_arg, buckets_arg], words(&base), sort_grid)?;
+    // Each index's duplicates summed by the summation rule: leaves of LEAF
+    // source values, then the power-of-two tree, one level per launch.
+    let m = src.numel();
+    let partials_arg = (8, Arg::Buffer { id: partials, dtype: out.dtype, len: m.max(1), write: true });
+    let per_source = Index { n: word(OP, m)?, inner: word(OP, inner)?, ..base };
+    let grid = be.grid_for(OP, m)?;
+    let args = [(1, Arg::input(src)), keys_arg, buckets_arg, partials_arg];
+    be.launch(OP, Kernel::Index(t), "leaves", &args, words(&per_source), grid)?;
+    let mut j = 1;
+    while LEAF * j < count {
+        let params = Index { j: word(OP, j)?, ..per_source };
+        be.launch(OP, Kernel::Index(t), "tree_level", &[keys_arg, buckets_arg, partials_arg], words(&params), grid)?;
+        j *= 2;
+    }
     let params = gather_params(OP, n, size as usize, count, inner)?;
-    let args = [(1, Arg::input(src)), (3, Arg::input(dest)), (4, Arg::output(out)), keys_arg, buckets_arg];
+    let args = [(3, Arg::input(dest)), (4, Arg::output(out)), buckets_arg, partials_arg];
     be.launch(OP, Kernel::Index(t), "scatter", &args, words(&params), be.grid_for(OP, n)?)
 }
 

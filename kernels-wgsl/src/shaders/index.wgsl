@@ -3,16 +3,15 @@
 //
 // Bindings: 0 params: Index, 1 src: array<T> (read), 2 idx: array<i32>
 // (read), 3 dest: array<T> (read), 4 out: array<T> (read_write),
-// 5 status: array<atomic<u32>>, 6 keys and 7 buckets: array<vec2<u32>>
-// (read_write; 6 and 7 are ScatterAdd's scratch). Each entry point uses a
-// subset.
+// 5 status: array<atomic<u32>>, 6 keys and 7 buckets: array<vec2<u32>>,
+// 8 partials: array<T> (read_write; 6, 7 and 8 are ScatterAdd's scratch).
+// Each entry point uses a subset.
 // Specialisation (shaders.rs replaces this whole declaration): `T` (u32 for
 // gathers, which move words whatever the dtype; f32 or i32 for ScatterAdd,
 // which adds). As written: f32.
 //
-// Entry points (every loop is bounded by a constant, except that a
-// ScatterAdd output adds its own duplicates one by one, in position order —
-// the CPU's serial order, which the result must match bit for bit):
+// Entry points (no invocation loops more than LEAF = 128 times; the sort
+// and the summation tree are passes the host repeats):
 // - `check` (bindings 2, 5): one invocation per index; an index outside
 //   [0, size) at position j does atomicMax(status[2 * slot], ~j), so the
 //   word ends as ~(first bad position) — the status buffer starts zeroed
@@ -44,10 +43,20 @@
 // - `buckets_find` (6, 7): buckets[v] = (first, end) of index v's run in the
 //   sorted keys (each end of a run is written by the one invocation that
 //   sees it). Params: `n`, `size`. Launch: as `sort_init`.
-// - `scatter` (1, 3, 4, 6, 7): out[o, k, r] = dest[o, k, r] + src[o, i, r]
-//   over the positions i of index k's run in the sorted keys — increasing
-//   i, the CPU's order, and no float atomics, so the result is
-//   deterministic and the CPU's bits. Params: `n` elements of out, `size`
+// - `leaves` (1, 6, 7, 8): the duplicates of each index are summed by the
+//   summation rule (docs/reductions.md), as on the CPU: an invocation per
+//   (o, sorted position s, r) whose s starts a leaf of its index's run (s −
+//   first a multiple of LEAF) folds that leaf, at most LEAF source values
+//   in position order from zero: partials[o, s, r]. Params: `n` = outer ×
+//   count × inner, `size`, `count`, `inner`. Launch: ceil(n / WG)
+//   workgroups, 2-D.
+// - `tree_level` (6, 7, 8): one level of the power-of-two split: the leaf
+//   at run offset a multiple of 2·j leaves adds the partial j leaves after
+//   it, when that one is inside the run. The host runs j = 1, 2, 4, ...
+//   while j·LEAF < count. Params as `leaves`, with `j`.
+// - `scatter` (3, 4, 7, 8): out[o, k, r] = dest[o, k, r] + partials[o, first,
+//   r] of index k's run (dest's bits when k is unused). No float atomics:
+//   deterministic, and the CPU's bits. Params: `n` elements of out, `size`
 //   its axis size, `count` indices, `inner` the inner size. Launch:
 //   ceil(n / WG) workgroups, 2-D.
 
@@ -71,9 +80,12 @@ struct Index {
 @group(0) @binding(5) var<storage, read_write> status: array<atomic<u32>>;
 @group(0) @binding(6) var<storage, read_write> keys: array<vec2<u32>>;
 @group(0) @binding(7) var<storage, read_write> buckets: array<vec2<u32>>;
+@group(0) @binding(8) var<storage, read_write> partials: array<T>;
 
 // The key of a bad index or of the padding: sorts after every real index.
 const NO_KEY: u32 = 0xffffffffu;
+// Elements of one leaf of the summation rule (the CPU's `LEAF`).
+const LEAF: u32 = 128u;
 
 @compute @workgroup_size(WG)
 fn check(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
@@ -191,6 +203,58 @@ fn buckets_find(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     }
 }
 
+// The (first, end) run in the sorted keys of the index at sorted position
+// s; (0, 0) for a bad index or the padding.
+fn run_of(s: u32) -> vec2<u32> {
+    let key = keys[s].x;
+    if (key >= params.size) {
+        return vec2<u32>(0u, 0u);
+    }
+    return buckets[key];
+}
+
+@compute @workgroup_size(WG)
+fn leaves(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if (i >= params.n) {
+        return;
+    }
+    let count = params.count;
+    let inner = params.inner;
+    let r = i % inner;
+    let t = i / inner;
+    let s = t % count;
+    let o = t / count;
+    let run = run_of(s);
+    if (s < run.x || s >= run.y || (s - run.x) % LEAF != 0u) {
+        return;
+    }
+    let end = min(s + LEAF, run.y);
+    var acc = T(0);
+    for (var q = s; q < end; q = q + 1u) {
+        acc += src[(o * count + keys[q].y) * inner + r];
+    }
+    partials[i] = acc;
+}
+
+@compute @workgroup_size(WG)
+fn tree_level(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if (i >= params.n) {
+        return;
+    }
+    let inner = params.inner;
+    let s = (i / inner) % params.count;
+    let run = run_of(s);
+    let half = params.j * LEAF;
+    if (s < run.x || s >= run.y || (s - run.x) % (2u * half) != 0u || s + half >= run.y) {
+        return;
+    }
+    // Written only at multiples of 2·half; the partner is at an odd multiple
+    // of half, which no invocation of this level writes.
+    partials[i] = partials[i] + partials[i + half * inner];
+}
+
 @compute @workgroup_size(WG)
 fn scatter(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let i = flat_id(wg, lid);
@@ -198,7 +262,6 @@ fn scatter(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
         return;
     }
     let size = params.size;
-    let count = params.count;
     let inner = params.inner;
     let r = i % inner;
     let t = i / inner;
@@ -206,8 +269,8 @@ fn scatter(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let o = t / size;
     let run = buckets[k];
     var acc = dest[i];
-    for (var s = run.x; s < run.y; s = s + 1u) {
-        acc += src[(o * count + keys[s].y) * inner + r];
+    if (run.y > run.x) {
+        acc += partials[(o * params.count + run.x) * inner + r];
     }
     out[i] = acc;
 }
