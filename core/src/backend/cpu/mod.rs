@@ -12,6 +12,7 @@
 mod concurrent;
 mod custom;
 mod elementwise;
+mod fused;
 mod index;
 mod layout;
 mod matmul;
@@ -29,7 +30,7 @@ use smallvec::SmallVec;
 
 #[cfg(feature = "rayon")]
 use crate::backend::Concurrency;
-use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+use crate::backend::{checks, Backend, BufferId, FusedCall, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::memory::try_vec;
@@ -188,6 +189,8 @@ pub(crate) fn unsupported_dtype(op: &'static str, dtype: DType) -> Error {
 pub struct CpuBackend {
     slab: RefCell<Vec<Option<CpuStorage>>>,
     free_ids: RefCell<Vec<u32>>,
+    /// Fused kernels' plans by `FusedCall::plan_id`.
+    fused_plans: fused::PlanCache,
 }
 
 impl Default for CpuBackend {
@@ -198,7 +201,11 @@ impl Default for CpuBackend {
 
 impl CpuBackend {
     pub fn new() -> CpuBackend {
-        CpuBackend { slab: RefCell::new(Vec::new()), free_ids: RefCell::new(Vec::new()) }
+        CpuBackend {
+            slab: RefCell::new(Vec::new()),
+            free_ids: RefCell::new(Vec::new()),
+            fused_plans: fused::PlanCache::default(),
+        }
     }
 
     fn missing(op: &'static str, id: BufferId) -> Error {
@@ -408,6 +415,14 @@ impl Backend for CpuBackend {
     #[cfg(feature = "rayon")]
     fn run_many(&self, calls: &[KernelCall<'_>]) -> Vec<Result<()>> {
         concurrent::run_many(self, calls)
+    }
+
+    fn fuses(&self) -> bool {
+        true
+    }
+
+    fn run_fused(&self, call: &FusedCall<'_>) -> Result<()> {
+        fused::run(self, call)
     }
 
     fn update_param(
