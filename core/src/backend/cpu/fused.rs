@@ -450,14 +450,14 @@ fn eval_chunk<T: Scalar + Value>(
     end: usize,
 ) {
     let tile = TILE.min(end - start);
-    let mut t: Vec<Vec<T>> = (0..plan.t_tiles).map(|_| vec![T::default(); tile]).collect();
-    let mut b: Vec<Vec<u8>> = (0..plan.b_tiles).map(|_| vec![0u8; tile]).collect();
+    let mut t: Tiles<T> = Tiles::new(plan.t_tiles, tile);
+    let mut b: Tiles<u8> = Tiles::new(plan.b_tiles, tile);
     // Once per chunk: one-element inputs and constants fill their tiles.
     for (read, input) in plan.reads.iter().zip(inputs) {
         if let Read::Splat(loc) = read {
             match (*loc, *input) {
-                (Loc::T(i), InSlice::T(v)) => t[i].fill(v[0]),
-                (Loc::B(i), InSlice::B(v)) => b[i].fill(v[0]),
+                (Loc::T(i), InSlice::T(v)) => t.get_mut(i).fill(v[0]),
+                (Loc::B(i), InSlice::B(v)) => b.get_mut(i).fill(v[0]),
                 _ => unreachable!("plan matched tiles to input dtypes"),
             }
         }
@@ -465,8 +465,8 @@ fn eval_chunk<T: Scalar + Value>(
     for step in &plan.steps {
         if let (Kind::Const(v), true) = (step.kind, step.fill) {
             match step.dst {
-                Loc::T(i) => t[i].fill(T::from_f64(v)),
-                Loc::B(i) => b[i].fill(u8::from_f64(v)),
+                Loc::T(i) => t.get_mut(i).fill(T::from_f64(v)),
+                Loc::B(i) => b.get_mut(i).fill(u8::from_f64(v)),
                 Loc::Input(_) => unreachable!("constants get tiles"),
             }
         }
@@ -477,8 +477,8 @@ fn eval_chunk<T: Scalar + Value>(
         for (read, input) in plan.reads.iter().zip(inputs) {
             if let Read::Gather(loc, strides) = read {
                 match (*loc, *input) {
-                    (Loc::T(i), InSlice::T(v)) => gather(v, strides, dims, s, &mut t[i][..len]),
-                    (Loc::B(i), InSlice::B(v)) => gather(v, strides, dims, s, &mut b[i][..len]),
+                    (Loc::T(i), InSlice::T(v)) => gather(v, strides, dims, s, &mut t.get_mut(i)[..len]),
+                    (Loc::B(i), InSlice::B(v)) => gather(v, strides, dims, s, &mut b.get_mut(i)[..len]),
                     _ => unreachable!("plan matched tiles to input dtypes"),
                 }
             }
@@ -488,14 +488,58 @@ fn eval_chunk<T: Scalar + Value>(
             if let Some(o) = step.output {
                 let local = s - start;
                 match (outs[o].as_mut(), step.dst) {
-                    (Some(OutSlice::T(d)), Loc::T(i)) => d[local..local + len].copy_from_slice(&t[i][..len]),
-                    (Some(OutSlice::B(d)), Loc::B(i)) => d[local..local + len].copy_from_slice(&b[i][..len]),
+                    (Some(OutSlice::T(d)), Loc::T(i)) => d[local..local + len].copy_from_slice(&t.view().get(i)[..len]),
+                    (Some(OutSlice::B(d)), Loc::B(i)) => d[local..local + len].copy_from_slice(&b.view().get(i)[..len]),
                     (None, _) => {}
                     _ => unreachable!("plan matched outputs to op dtypes"),
                 }
             }
         }
         s += len;
+    }
+}
+
+/// A chunk's tiles of one element type, in one allocation.
+struct Tiles<V> {
+    buf: Vec<V>,
+    tile: usize,
+}
+
+/// Tiles to read, all but `hole` (the tile being written).
+struct View<'a, V> {
+    before: &'a [V],
+    after: &'a [V],
+    hole: usize,
+    tile: usize,
+}
+
+impl<V: Copy + Default> Tiles<V> {
+    fn new(count: usize, tile: usize) -> Self {
+        Tiles { buf: vec![V::default(); count * tile], tile }
+    }
+    fn get_mut(&mut self, i: usize) -> &mut [V] {
+        &mut self.buf[i * self.tile..(i + 1) * self.tile]
+    }
+    fn view(&self) -> View<'_, V> {
+        View { before: &self.buf, after: &[], hole: usize::MAX, tile: self.tile }
+    }
+    /// Tile `i` to write and the others to read.
+    fn split(&mut self, i: usize) -> (&mut [V], View<'_, V>) {
+        let tile = self.tile;
+        let (before, rest) = self.buf.split_at_mut(i * tile);
+        let (dst, after) = rest.split_at_mut(tile);
+        (dst, View { before, after, hole: i, tile })
+    }
+}
+
+impl<'a, V> View<'a, V> {
+    fn get(&self, i: usize) -> &'a [V] {
+        let t = self.tile;
+        match i.cmp(&self.hole) {
+            std::cmp::Ordering::Less => &self.before[i * t..(i + 1) * t],
+            std::cmp::Ordering::Greater => &self.after[(i - self.hole - 1) * t..(i - self.hole) * t],
+            std::cmp::Ordering::Equal => unreachable!("a destination is never its own operand"),
+        }
     }
 }
 
@@ -529,8 +573,8 @@ fn gather<V: Copy>(x: &[V], strides: &[usize], dims: &[usize], s: usize, out: &m
 
 fn run_step<T: Scalar + Value>(
     step: &Step,
-    t: &mut [Vec<T>],
-    b: &mut [Vec<u8>],
+    t: &mut Tiles<T>,
+    b: &mut Tiles<u8>,
     inputs: &[InSlice<'_, T>],
     s: usize,
     len: usize,
@@ -539,8 +583,8 @@ fn run_step<T: Scalar + Value>(
         Kind::Const(_) => {}
         Kind::Unary(e) => {
             let Loc::T(d) = step.dst else { unreachable!("unary ops make values") };
-            let mut dst = std::mem::take(&mut t[d]);
-            let x = t_src(t, inputs, step.args[0], s, len);
+            let (dst, t) = t.split(d);
+            let x = t_src(&t, inputs, step.args[0], s, len);
             let o = &mut dst[..len];
             match e {
                 Expr::Unary(f, &Expr::Arg(0)) => with_unary!(f, F => {
@@ -554,13 +598,12 @@ fn run_step<T: Scalar + Value>(
                     }
                 }
             }
-            t[d] = dst;
         }
         Kind::Binary(e) => {
             let Loc::T(d) = step.dst else { unreachable!("binary ops make values") };
-            let mut dst = std::mem::take(&mut t[d]);
-            let x = t_src(t, inputs, step.args[0], s, len);
-            let y = t_src(t, inputs, step.args[1], s, len);
+            let (dst, t) = t.split(d);
+            let x = t_src(&t, inputs, step.args[0], s, len);
+            let y = t_src(&t, inputs, step.args[1], s, len);
             let o = &mut dst[..len];
             match e {
                 Expr::Binary(f, &Expr::Arg(0), &Expr::Arg(1)) => with_binary!(f, F => {
@@ -574,13 +617,13 @@ fn run_step<T: Scalar + Value>(
                     }
                 }
             }
-            t[d] = dst;
         }
         Kind::Compare(c) => {
             let Loc::B(d) = step.dst else { unreachable!("comparisons make bools") };
-            let x = t_src(t, inputs, step.args[0], s, len);
-            let y = t_src(t, inputs, step.args[1], s, len);
-            let o = &mut b[d][..len];
+            let t = t.view();
+            let x = t_src(&t, inputs, step.args[0], s, len);
+            let y = t_src(&t, inputs, step.args[1], s, len);
+            let o = &mut b.get_mut(d)[..len];
             with_compare!(c, C => {
                 for ((o, &p), &q) in o.iter_mut().zip(x).zip(y) {
                     *o = compare_values(C, p, q) as u8;
@@ -589,21 +632,21 @@ fn run_step<T: Scalar + Value>(
         }
         Kind::Where => {
             let Loc::T(d) = step.dst else { unreachable!("where makes values") };
-            let mut dst = std::mem::take(&mut t[d]);
-            let c = b_src(b, inputs, step.args[0], s, len);
-            let x = t_src(t, inputs, step.args[1], s, len);
-            let y = t_src(t, inputs, step.args[2], s, len);
+            let (dst, t) = t.split(d);
+            let b = b.view();
+            let c = b_src(&b, inputs, step.args[0], s, len);
+            let x = t_src(&t, inputs, step.args[1], s, len);
+            let y = t_src(&t, inputs, step.args[2], s, len);
             for (((o, &k), &p), &q) in dst[..len].iter_mut().zip(c).zip(x).zip(y) {
                 *o = if k != 0 { p } else { q };
             }
-            t[d] = dst;
         }
     }
 }
 
-fn t_src<'a, T: Copy>(t: &'a [Vec<T>], inputs: &[InSlice<'a, T>], loc: Loc, s: usize, len: usize) -> &'a [T] {
+fn t_src<'a, T: Copy>(t: &View<'a, T>, inputs: &[InSlice<'a, T>], loc: Loc, s: usize, len: usize) -> &'a [T] {
     match loc {
-        Loc::T(i) => &t[i][..len],
+        Loc::T(i) => &t.get(i)[..len],
         Loc::Input(k) => match inputs[k] {
             InSlice::T(v) => &v[s..s + len],
             InSlice::B(_) => unreachable!("plan checked operand kinds"),
@@ -612,9 +655,9 @@ fn t_src<'a, T: Copy>(t: &'a [Vec<T>], inputs: &[InSlice<'a, T>], loc: Loc, s: u
     }
 }
 
-fn b_src<'a, T: Copy>(b: &'a [Vec<u8>], inputs: &[InSlice<'a, T>], loc: Loc, s: usize, len: usize) -> &'a [u8] {
+fn b_src<'a, T: Copy>(b: &View<'a, u8>, inputs: &[InSlice<'a, T>], loc: Loc, s: usize, len: usize) -> &'a [u8] {
     match loc {
-        Loc::B(i) => &b[i][..len],
+        Loc::B(i) => &b.get(i)[..len],
         Loc::Input(k) => match inputs[k] {
             InSlice::B(v) => &v[s..s + len],
             InSlice::T(_) => unreachable!("plan checked operand kinds"),
