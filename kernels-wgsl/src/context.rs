@@ -1,6 +1,7 @@
 //! Instance, adapter and device setup; the limits kiln enforces; the slot
 //! wgpu's uncaptured errors land in.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kiln_core::{Error, Result};
@@ -68,23 +69,56 @@ pub fn parse_backends(names: &str) -> Option<wgpu::Backends> {
 /// Errors wgpu reports outside any call's return value (validation errors,
 /// out-of-memory), kept until `flush` or `read` turns them into a
 /// `kiln_core::Error`. wgpu's default handler would panic instead.
+///
+/// While a custom kernel's compilation is being checked (wasm32, see
+/// `pipelines`), `check` leaves the slot alone: what the GPU reports then
+/// may be the consequence of a kernel the browser refused, which the read
+/// that settles the check reports with the compiler's message instead.
 #[derive(Clone, Default)]
-pub(crate) struct ErrorSlot(Arc<Mutex<Option<String>>>);
+pub(crate) struct ErrorSlot {
+    first: Arc<Mutex<Option<String>>>,
+    held: Arc<AtomicUsize>,
+}
 
 impl ErrorSlot {
     fn record(&self, message: String) {
-        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.first.lock().unwrap_or_else(|p| p.into_inner());
         // Keep the first: later errors are usually its consequences.
         slot.get_or_insert(message);
     }
 
     /// The recorded error, if any, as a backend error (and clear the slot).
     pub fn check(&self, op: &'static str) -> Result<()> {
-        let taken = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match taken {
+        if self.held.load(Ordering::SeqCst) > 0 {
+            return Ok(());
+        }
+        match self.take() {
             None => Ok(()),
             Some(message) => Err(Error::backend(op, format!("the GPU reported an error: {message}"))),
         }
+    }
+
+    /// Clear the slot, returning what it held.
+    pub fn take(&self) -> Option<String> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Hold `check` back until the returned guard is dropped.
+    #[cfg(target_arch = "wasm32")]
+    pub fn hold(&self) -> HoldGuard {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        HoldGuard(self.held.clone())
+    }
+}
+
+/// See `ErrorSlot::hold`.
+#[cfg(target_arch = "wasm32")]
+pub(crate) struct HoldGuard(Arc<AtomicUsize>);
+
+#[cfg(target_arch = "wasm32")]
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -237,7 +237,18 @@ impl WgpuBackend {
     /// checks waits for them here, so a bad index fails the execution that
     /// used it; on wasm32 the check is settled by the next `read`.
     fn submit(&self) -> Result<()> {
+        // While a custom kernel's compilation is unchecked (wasm32), the
+        // submission's validation errors go to a scope the next read awaits
+        // with the check: the consequences of a kernel the browser refused
+        // are dropped there, anything else is reported as usual.
+        #[cfg(target_arch = "wasm32")]
+        let scope =
+            self.pipelines.borrow().checking().then(|| self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation));
         let submitted = self.batch.borrow_mut().submit(&self.ctx);
+        #[cfg(target_arch = "wasm32")]
+        if let Some(scope) = scope {
+            self.pipelines.borrow_mut().add_submit_scope(Box::pin(scope.pop()));
+        }
         let check = submitted?;
         if let Some(check) = check {
             #[cfg(not(target_arch = "wasm32"))]

@@ -1,7 +1,20 @@
 //! Compute pipelines, created on first use and cached by kernel variant and
 //! entry point (a shader module is compiled once per variant).
+//!
+//! In a browser, a custom op's kernel was only read for its interface when
+//! the op was registered (the browser package leaves naga out), so its
+//! compilation is checked here: the browser's compiler messages
+//! (`GPUShaderModule.getCompilationInfo`) and the validation errors of its
+//! module and pipeline (caught in an error scope) are awaited by the next
+//! `read`, which fails with them; later uses of the kernel fail at once.
 
+#[cfg(target_arch = "wasm32")]
+use std::cell::RefCell;
 use std::collections::HashMap;
+#[cfg(target_arch = "wasm32")]
+use std::future::Future;
+#[cfg(target_arch = "wasm32")]
+use std::pin::Pin;
 use std::rc::Rc;
 
 use kiln_core::{Error, Result};
@@ -18,7 +31,19 @@ pub(crate) struct Pipeline {
 pub(crate) struct Pipelines {
     modules: HashMap<Kernel, wgpu::ShaderModule>,
     pipelines: HashMap<(Kernel, &'static str), Rc<Pipeline>>,
+    /// Custom kernels the browser refused, with the error to repeat.
+    #[cfg(target_arch = "wasm32")]
+    refused: HashMap<Kernel, Rc<RefCell<Option<Error>>>>,
+    /// Compilations of custom kernels not yet awaited.
+    #[cfg(target_arch = "wasm32")]
+    checks: Vec<CompileCheck>,
+    /// Validation errors of submissions made while `checks` was not empty.
+    #[cfg(target_arch = "wasm32")]
+    submit_scopes: Vec<Scope>,
 }
+
+#[cfg(target_arch = "wasm32")]
+pub(crate) type Scope = Pin<Box<dyn Future<Output = Option<wgpu::Error>>>>;
 
 impl Pipelines {
     pub fn get(
@@ -28,9 +53,18 @@ impl Pipelines {
         kernel: Kernel,
         entry: &'static str,
     ) -> Result<Rc<Pipeline>> {
+        #[cfg(target_arch = "wasm32")]
+        if let Some(e) = self.refused.get(&kernel).and_then(|v| v.borrow().clone()) {
+            return Err(e);
+        }
         if let Some(p) = self.pipelines.get(&(kernel, entry)) {
             return Ok(p.clone());
         }
+        #[cfg(target_arch = "wasm32")]
+        let scope = match kernel {
+            Kernel::Custom(_) => Some(ctx.device.push_error_scope(wgpu::ErrorFilter::Validation)),
+            _ => None,
+        };
         let label = format!("{}::{entry}", kernel.label());
         let module = match self.modules.get(&kernel) {
             Some(m) => m,
@@ -54,10 +88,85 @@ impl Pipelines {
             compilation_options: Default::default(),
             cache: None,
         });
-        ctx.errors.check(op)?;
         let layout = pipeline.get_bind_group_layout(0);
+        // After get_bind_group_layout, which fails too on a refused kernel.
+        #[cfg(target_arch = "wasm32")]
+        if let (Some(scope), Kernel::Custom(custom)) = (scope, kernel) {
+            let verdict = Rc::new(RefCell::new(None));
+            self.refused.insert(kernel, verdict.clone());
+            self.checks.push(CompileCheck {
+                hold: ctx.errors.hold(),
+                op: custom.name(),
+                info: Box::pin(module.get_compilation_info()),
+                scope: Box::pin(scope.pop()),
+                verdict,
+            });
+        }
+        ctx.errors.check(op)?;
         let p = Rc::new(Pipeline { pipeline, layout });
         self.pipelines.insert((kernel, entry), p.clone());
         Ok(p)
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+impl Pipelines {
+    /// The compilations a `read` must await, and the error scopes of the
+    /// submissions made meanwhile.
+    pub fn take_checks(&mut self) -> (Vec<CompileCheck>, Vec<Scope>) {
+        (std::mem::take(&mut self.checks), std::mem::take(&mut self.submit_scopes))
+    }
+
+    /// Whether a custom kernel's compilation awaits its check.
+    pub fn checking(&self) -> bool {
+        !self.checks.is_empty()
+    }
+
+    pub fn add_submit_scope(&mut self, scope: Scope) {
+        self.submit_scopes.push(scope);
+    }
+}
+
+/// A custom kernel's compilation in the browser, on its way to a verdict.
+#[cfg(target_arch = "wasm32")]
+pub(crate) struct CompileCheck {
+    /// Keeps the error slot's reports for the read that settles this check.
+    hold: crate::context::HoldGuard,
+    op: &'static str,
+    info: Pin<Box<dyn Future<Output = wgpu::CompilationInfo>>>,
+    scope: Scope,
+    verdict: Rc<RefCell<Option<Error>>>,
+}
+
+#[cfg(target_arch = "wasm32")]
+impl CompileCheck {
+    /// The compiler's errors (with the user's line and column: kiln's
+    /// prelude comes after their code), else the module's or pipeline's
+    /// validation error, as this custom op's error.
+    pub async fn settle(self) -> Result<()> {
+        let name = self.op;
+        let messages: Vec<String> = self
+            .info
+            .await
+            .messages
+            .into_iter()
+            .filter(|m| m.message_type == wgpu::CompilationMessageType::Error)
+            .map(|m| match m.location {
+                Some(at) => format!("wgsl:{}:{}: {}", at.line_number, at.line_position, m.message),
+                None => m.message,
+            })
+            .collect();
+        let scope = self.scope.await;
+        drop(self.hold);
+        let error = if !messages.is_empty() {
+            format!("the browser's WebGPU compiler refused it:\n{}", messages.join("\n"))
+        } else if let Some(e) = scope {
+            format!("the browser refused its pipeline: {e}")
+        } else {
+            return Ok(());
+        };
+        let error = Error::invalid(name, format!("custom op {name}: WGSL kernel: {error}"));
+        *self.verdict.borrow_mut() = Some(error.clone());
+        Err(error)
     }
 }

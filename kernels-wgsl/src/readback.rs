@@ -56,6 +56,8 @@ pub(crate) fn read(be: &WgpuBackend, buffer: BufferId, dtype: DType, len: usize)
     let device = be.ctx().device.clone();
     let errors = be.ctx().errors.clone();
     let checks = std::mem::take(&mut *be.pending.borrow_mut());
+    #[cfg(target_arch = "wasm32")]
+    let (compiles, submit_scopes) = be.pipelines.borrow_mut().take_checks();
     Box::pin(async move {
         const OP: &str = "read";
         let (staging, mapped) = prepared?;
@@ -65,6 +67,36 @@ pub(crate) fn read(be: &WgpuBackend, buffer: BufferId, dtype: DType, len: usize)
             .map_err(|e| Error::backend(OP, format!("waiting for the GPU failed: {e}")))?;
         #[cfg(target_arch = "wasm32")]
         let _ = &device;
+        // A custom kernel the browser refused fails this read with the
+        // compiler's message; what the GPU reported after it (the dispatches
+        // that used the broken pipeline, caught in the submissions' scopes
+        // or the error slot) is its consequence, dropped.
+        #[cfg(target_arch = "wasm32")]
+        {
+            // Until the consequences of a refused kernel are dropped below.
+            let hold = errors.hold();
+            let mut refused = None;
+            for compile in compiles {
+                if let Err(e) = compile.settle().await {
+                    refused.get_or_insert(e);
+                }
+            }
+            let mut other = None;
+            for scope in submit_scopes {
+                if let Some(e) = scope.await {
+                    other.get_or_insert(e.to_string());
+                }
+            }
+            if let Some(e) = refused {
+                let _ = mapped.recv_async().await;
+                let _ = errors.take();
+                return Err(e);
+            }
+            drop(hold);
+            if let Some(message) = other {
+                return Err(Error::backend(OP, format!("the GPU reported an error: {message}")));
+            }
+        }
         for check in checks {
             check.settle().await?;
         }

@@ -35,7 +35,14 @@ fs.rmSync(pkg, { recursive: true, force: true });
   const argv = ['build', '--target', 'web', '--out-dir', path.join(pkg, 'web'), '--out-name', 'kiln_web',
     '--profile', 'wasm-release', '--weak-refs', '--no-pack', '--no-opt', '--no-gitignore', '--mode', 'no-install'];
   if (features) argv.push('--', '--features', features);
-  run('wasm-pack', argv);
+  // WASM SIMD (128-bit): every browser the package targets has it
+  // (Chromium 91+, Firefox 89+, Safari 16.4+, Node 16+); gemm's wasm
+  // micro-kernels and rustc's auto-vectorised loops use it. KILN_WEB_SIMD=0
+  // builds without (for comparisons).
+  const simd = process.env.KILN_WEB_SIMD !== '0';
+  const env = { ...process.env };
+  if (simd) env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS = `${env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS ?? ''} -C target-feature=+simd128`.trim();
+  run('wasm-pack', argv, { env });
   const wasm = path.join(pkg, 'web', 'kiln_web_bg.wasm');
   const before = fs.statSync(wasm).size;
   // The features rustc's wasm32 target enables by default; wasm-opt must be
@@ -44,6 +51,7 @@ fs.rmSync(pkg, { recursive: true, force: true });
     '-Oz', '--strip-debug', '--strip-producers',
     '--enable-bulk-memory', '--enable-mutable-globals', '--enable-nontrapping-float-to-int',
     '--enable-sign-ext', '--enable-reference-types', '--enable-multivalue',
+    ...(simd ? ['--enable-simd'] : []),
     wasm, '-o', wasm,
   ]);
   console.log(`wasm-opt: ${before} -> ${fs.statSync(wasm).size} bytes`);

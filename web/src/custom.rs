@@ -3,8 +3,9 @@
 //! `customOp({ name, arity, forward, wgsl?, backward?, outputShape?, dtypes?,
 //! differentiable? })` registers a kiln custom op (kiln-core's
 //! `CustomOpBuilder`): `forward` is a JS function over typed arrays (the
-//! CPU path), `wgsl` a kernel source validated with naga at registration
-//! (the WebGPU path), `backward` a JS function written with kiln tensor ops
+//! CPU path), `wgsl` a kernel source whose interface is checked at
+//! registration and which the browser compiles when it first runs (the
+//! WebGPU path), `backward` a JS function written with kiln tensor ops
 //! (recorded like any gradient rule, so differentiable again).
 //! `customVjp(fn, inputs, backward)` gives any JS function built from kiln
 //! ops a gradient written in JS.
@@ -66,7 +67,8 @@ export interface CustomOpSpec {
   /** The CPU forward: fill `output` (row-major, the output's dtype) from `inputs` (copies of the
    *  operands, of their dtypes), or return the values. Must not call kiln. */
   forward: (inputs: HostTypedArray[], output: HostTypedArray, shapes: number[][]) => void | HostTypedArray | number[];
-  /** A WGSL kernel for WebGPU, validated with naga when the op is registered (same contract as
+  /** A WGSL kernel for WebGPU: its interface is checked when the op is registered, the browser's
+   *  compiler reports the rest (with your line) when it first runs on WebGPU (same contract as
    *  in Rust: entry `main`, `@workgroup_size(256)`, bindings 1..=arity read-only, arity+1 the output). */
   wgsl?: string;
   /** The gradient, written with kiln tensor ops: one entry per input (null: no gradient). */
@@ -300,8 +302,10 @@ pub struct JsCustomOp {
 
 /// Register a custom op (see `CustomOpSpec`). Throws a KilnError when the
 /// definition is refused: a name in use or not valid, an arity outside
-/// 1..=8, WGSL that naga rejects or that breaks kiln's binding contract
-/// (naga's message, with the line in your source).
+/// 1..=8, WGSL whose brackets do not pair or that breaks kiln's binding
+/// contract (with the line in your source). WGSL errors only a compiler
+/// sees (types, names) fail the first read of the op's result on WebGPU,
+/// with the browser's message and your line.
 #[wasm_bindgen(js_name = customOp)]
 pub fn custom_op(spec: &CustomOpSpecArg) -> Res<JsCustomOp> {
     const OP: &str = "customOp";

@@ -71,11 +71,16 @@ pub fn wasm_memory_bytes() -> f64 {
     return 0.0;
 }
 
-/// Runs when the module loads: a Rust panic (a kiln bug, never bad input)
-/// is printed to the console before the wasm trap.
+/// Runs when the module loads: turns on gemm's SIMD kernels (simd128
+/// builds) and has a Rust panic (a kiln bug, never bad input) printed to
+/// the console before the wasm trap.
 #[cfg(target_arch = "wasm32")]
 #[wasm_bindgen(start)]
 pub fn start() {
+    // gemm picks its wasm SIMD micro-kernels only when told; a module built
+    // with simd128 (scripts/build.mjs) loads only where SIMD exists anyway.
+    #[cfg(target_feature = "simd128")]
+    gemm::set_wasm_simd128(true);
     std::panic::set_hook(Box::new(|info| {
         web_sys::console::error_1(&format!("kiln-web panicked (this is a bug in kiln): {info}").into());
     }));

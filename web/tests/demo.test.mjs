@@ -1,6 +1,7 @@
-// The demo page in headless Chromium: it trains, the loss falls, the test
-// accuracy passes a threshold, the page stays responsive, a drawn digit gets
-// a prediction. Saves test-output/demo.png.
+// The demo page in headless Chromium, on the CPU fallback and on WebGPU
+// (SwiftShader): it trains, the loss falls, the test accuracy passes a
+// threshold, the page stays responsive, a drawn digit gets a prediction.
+// Saves test-output/demo.png and test-output/demo-webgpu.png.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
@@ -10,14 +11,14 @@ let srv;
 before(async () => { srv = await server(); });
 after(async () => { await srv.close(); });
 
-test('demo trains an MLP on the digits in the page', async (t) => {
-  const browser = await launch({ webgpu: false });
+for (const webgpu of [false, true]) test(`demo trains an MLP on the digits in the page (${webgpu ? 'WebGPU' : 'CPU'})`, async (t) => {
+  const browser = await launch({ webgpu });
   try {
     const page = await browser.newPage({ viewport: { width: 1100, height: 820 } });
     const logs = [];
     page.on('console', (m) => logs.push(`[${m.type()}] ${m.text()}`));
     page.on('pageerror', (e) => logs.push(`[pageerror] ${e.message}`));
-    await page.goto(`${srv.url}/demo/?autotrain=1&epochs=12`);
+    await page.goto(`${srv.url}/demo/?autotrain=1&epochs=12${webgpu ? '' : '&device=cpu'}`);
     await page.waitForFunction(() => ['done', 'error'].includes(window.kilnDemo?.state), null, { timeout: 180000 })
       .catch((e) => { throw new Error(`${e.message}\n${logs.join('\n')}`); });
     const demo = await page.evaluate(() => window.kilnDemo);
@@ -31,7 +32,8 @@ test('demo trains an MLP on the digits in the page', async (t) => {
     assert.ok(final > 0.93, `test accuracy ${final}`);
     // Unloaded, the longest gap is ~60-80 ms; the bound leaves room for a busy 2-core CI machine.
     assert.ok(demo.maxGapMs < 1000, `the page stalled for ${demo.maxGapMs} ms while training`);
-    assert.match(await page.textContent('#device'), /CPU|WebGPU/);
+    assert.equal(demo.device.device, webgpu ? 'webgpu' : 'cpu', JSON.stringify(demo.device));
+    assert.match(await page.textContent('#device'), webgpu ? /^WebGPU/ : /^CPU/);
 
     // Draw a "1": a vertical stroke in the middle of the pad.
     const box = await page.locator('#pad').boundingBox();
@@ -46,7 +48,7 @@ test('demo trains an MLP on the digits in the page', async (t) => {
     assert.ok(prediction.features.some((v) => v >= 0.25), 'the drawing reached the model');
     t.diagnostic(`drawn "1" predicted as ${prediction.digit} (${(prediction.probabilities[prediction.digit] * 100).toFixed(0)}%)`);
     assert.equal(prediction.digit, 1, `a vertical stroke should read as 1: ${JSON.stringify(prediction.probabilities)}`);
-    await page.screenshot({ path: path.join(outDir, 'demo.png'), fullPage: true });
+    await page.screenshot({ path: path.join(outDir, webgpu ? 'demo-webgpu.png' : 'demo.png'), fullPage: true });
   } finally {
     await browser.close();
   }

@@ -554,7 +554,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Errors: refused definitions and failing callbacks name the op; state stays usable.
     throws(() => k.customOp({ name: 'JsSwish', arity: 1, forward }), (e) => assert(e instanceof k.KilnError && /already exists/.test(e.message), e.message), 'duplicate name');
     throws(() => k.customOp({ name: 'JsBadWgsl', arity: 1, forward, wgsl: swishWgsl.replace('exp(-x[i])', 'exp(-x[i]') }),
-      (e) => assert(/JsBadWgsl/.test(e.message) && /wgsl:\d+:\d+/.test(e.message), e.message), 'WGSL refused by naga, with the line');
+      (e) => assert(/JsBadWgsl/.test(e.message) && /wgsl:\d+:\d+/.test(e.message), e.message), 'WGSL that does not parse, with the line');
+    throws(() => k.customOp({ name: 'JsUnusedInput', arity: 1, forward, wgsl: swishWgsl.replace('x[i] / (1.0 + exp(-x[i]))', '1.0') }),
+      (e) => assert(/JsUnusedInput/.test(e.message) && /`x` \(binding 1\) is declared but `main` never uses it/.test(e.message), e.message), 'binding contract checked at registration');
+    if (env.expect === 'webgpu') {
+      // A type error only a WGSL compiler sees (f32 + u32): on WebGPU the browser's compiler
+      // refuses it when the op first runs, and the read fails with its message, the op and
+      // the user's line; the kernel stays refused and other ops keep working.
+      const typeError = k.findCustomOp('JsTypeWgsl') ?? k.customOp({
+        name: 'JsTypeWgsl', arity: 1, forward, wgsl: swishWgsl.replace('x[i] / (1.0 + exp(-x[i]))', 'x[i] + 1u'),
+      });
+      g.reset();
+      const compiled = (e) => assert(e instanceof k.KilnError && /JsTypeWgsl/.test(e.message) && /WebGPU compiler refused it/.test(e.message)
+        && /wgsl:11:\d+: /.test(e.message), e.message);
+      await rejects(typeError.apply([g.tensor(new Float32Array(3), [3])]).toArray(), compiled, 'browser compiler error at the read');
+      g.reset();
+      let again = null;
+      try { await typeError.apply([g.tensor(new Float32Array(3), [3])]).toArray(); } catch (e) { again = e; }
+      assert(again !== null, 'a refused kernel stays refused');
+      compiled(again);
+      g.reset();
+      allClose(await swish.apply([g.tensor(new Float32Array([0]), [1])]).toArray(), [0], 0, 'WebGPU usable after a refused kernel');
+    }
     throws(() => k.customOp({ name: 'JsNoForward', arity: 1 }), (e) => assert(/'forward'.*required/.test(e.message), e.message), 'forward required');
     throws(() => swish.apply([gc.tensor(new Float32Array(2), [2]), gc.tensor(new Float32Array(2), [2])]),
       (e) => assert(/JsSwish/.test(e.message) && /takes 1 operands, got 2/.test(e.message), e.message), 'arity');

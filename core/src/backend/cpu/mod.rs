@@ -298,7 +298,12 @@ impl Backend for CpuBackend {
         {
             format!("cpu (rayon, {} threads)", rayon::current_num_threads())
         }
-        #[cfg(not(feature = "rayon"))]
+        // The browser build: one thread, 128-bit SIMD when built with it.
+        #[cfg(all(not(feature = "rayon"), target_feature = "simd128"))]
+        {
+            "cpu (single-threaded, simd128)".to_string()
+        }
+        #[cfg(all(not(feature = "rayon"), not(target_feature = "simd128")))]
         {
             "cpu (single-threaded)".to_string()
         }

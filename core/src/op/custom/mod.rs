@@ -3,8 +3,9 @@
 //! A custom op has a name (errors and `kiln ops` use it), an arity, shape
 //! and dtype inference, a forward on the CPU over host slices (required: it
 //! is the reference every other backend is checked against), optionally a
-//! WGSL kernel for wgpu and the browser (validated with naga when the op is
-//! registered, see `wgsl`), and optionally a backward written with kiln ops
+//! WGSL kernel for wgpu and the browser (checked when the op is registered,
+//! with naga or, without kiln-core's `wgsl` feature, a reader of its
+//! interface; see `wgsl`), and optionally a backward written with kiln ops
 //! (recorded like any gradient rule, so differentiable again when its ops
 //! are). Registering it returns a `CustomOp`: a small `Copy` handle that
 //! `Op::Custom` carries, so nodes stay plain data. `check::check_custom_op`
@@ -38,8 +39,10 @@
 //! ```
 
 mod check;
-#[cfg(feature = "wgsl")]
 pub mod wgsl;
+// naga's stand-in; compiled with naga too for its tests (which compare the two).
+#[cfg(any(test, not(feature = "wgsl")))]
+mod wgsl_scan;
 
 pub use check::{check_custom_op, CustomCheckOptions, CustomOpReport, Parity};
 
@@ -318,17 +321,8 @@ impl CustomOpBuilder {
     }
 }
 
-#[cfg(feature = "wgsl")]
 fn wgsl_kernel(name: &str, arity: usize, source: &str) -> Result<WgslKernel> {
     wgsl::validate(name, arity, source)
-}
-
-#[cfg(not(feature = "wgsl"))]
-fn wgsl_kernel(name: &str, _arity: usize, _source: &str) -> Result<WgslKernel> {
-    Err(Error::unsupported(
-        "register_custom_op",
-        format!("custom op {name}: kiln-core was built without its `wgsl` feature, so WGSL cannot be validated"),
-    ))
 }
 
 impl CustomOp {
@@ -507,13 +501,11 @@ pub fn reference() -> CustomOp {
             .backward(|x, _y, g| Ok(vec![Some(g.mul(x[0].square()?.mul(3.0)?)?)]))
             .saves(&[0], false)
             .sample(vec![CheckInput::new(vec![-0.9, -0.4, 0.1, 0.5, 0.8, 1.3], &[2, 3])]);
-        #[cfg(feature = "wgsl")]
         let builder = builder.wgsl(REFERENCE_WGSL);
         builder.register().expect("the reference custom op is valid")
     })
 }
 
-#[cfg(feature = "wgsl")]
 const REFERENCE_WGSL: &str = "
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;

@@ -1,6 +1,10 @@
-//! WGSL kernels of custom ops, validated with naga when the op is
-//! registered (so a bad kernel is an error at `register`, with naga's
-//! diagnostic, never a failure deep inside a training step).
+//! WGSL kernels of custom ops, checked when the op is registered (so a bad
+//! kernel is an error at `register`, never a failure deep inside a training
+//! step): with naga when kiln-core has its `wgsl` feature (native builds,
+//! where wgpu brings naga anyway), otherwise with `scan`, a naga-free reader
+//! of the declarations and the entry point (the browser package: naga would
+//! be ~40 % of its download, and the browser's own compiler checks the rest
+//! of the kernel when it is first used, see kiln-wgsl's pipelines).
 //!
 //! The contract a kernel follows:
 //! - group 0, binding k + 1: input k as `var<storage, read> array<T>`;
@@ -16,9 +20,12 @@
 //!   binding 0 must be used too).
 //!
 //! The prelude goes after the user's code (WGSL declarations may come in
-//! any order), so naga's line numbers are the user's own.
+//! any order), so the line numbers of naga, `scan` and the browser are the
+//! user's own.
 
+#[cfg(feature = "wgsl")]
 use naga::valid::{Capabilities, ValidationFlags, Validator};
+#[cfg(feature = "wgsl")]
 use naga::{AddressSpace, ScalarKind, ShaderStage, StorageAccess, TypeInner};
 
 use super::WgslKernel;
@@ -52,91 +59,153 @@ fn kiln_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
 
 const OP: &str = "register_custom_op";
 
+/// The error of a kernel that breaks the contract.
+pub(crate) fn refusal(name: &str, what: String) -> Error {
+    Error::invalid(OP, format!("custom op {name}: WGSL kernel: {what}"))
+}
+
+/// The entry point `main` as the contract sees it.
+pub(crate) struct Entry {
+    pub compute: bool,
+    pub workgroup_size: [u32; 3],
+}
+
+/// A global with a `@binding`, in declaration order.
+pub(crate) struct Global {
+    pub name: String,
+    pub group: u32,
+    pub binding: u32,
+    /// `Some(writable)` for a storage buffer.
+    pub storage: Option<bool>,
+    /// The element of an `array<f32 | i32 | u32>`, else `None`.
+    pub dtype: Option<DType>,
+    /// Reached from `main`.
+    pub used: bool,
+}
+
 /// Parse, validate and check the interface of a custom op's kernel.
 pub fn validate(name: &str, arity: usize, source: &str) -> Result<WgslKernel> {
-    let bad = |what: String| Error::invalid(OP, format!("custom op {name}: WGSL kernel: {what}"));
     // WebGPU guarantees 8 storage buffers per stage; binding 0 is kiln's.
     if arity + 2 > 8 {
-        return Err(bad(format!("{arity} inputs need {} storage buffers; WebGPU guarantees 8", arity + 2)));
+        return Err(refusal(name, format!("{arity} inputs need {} storage buffers; WebGPU guarantees 8", arity + 2)));
     }
     let full = format!("{source}\n{PRELUDE}");
-    let module = naga::front::wgsl::parse_str(&full)
-        .map_err(|e| bad(format!("does not parse:\n{}", e.emit_to_string(&full))))?;
-    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
-        .validate(&module)
-        .map_err(|e| bad(format!("does not validate:\n{}", e.emit_to_string(&full))))?;
-    let Some((entry_index, entry)) = module.entry_points.iter().enumerate().find(|(_, e)| e.name == "main") else {
-        return Err(bad("has no entry point `main`".to_string()));
+    #[cfg(feature = "wgsl")]
+    let (entry, globals) = read_with_naga(name, &full)?;
+    #[cfg(not(feature = "wgsl"))]
+    let (entry, globals) = super::wgsl_scan::read(&full).map_err(|what| refusal(name, what))?;
+    let bindings = check_interface(arity, entry, globals).map_err(|what| refusal(name, what))?;
+    Ok(WgslKernel { source: full, bindings })
+}
+
+/// The contract on the entry point and the bindings: the dtype of each
+/// binding 1..=arity+1, or what is wrong.
+pub(crate) fn check_interface(
+    arity: usize,
+    entry: Option<Entry>,
+    globals: Vec<Global>,
+) -> std::result::Result<Vec<DType>, String> {
+    let Some(entry) = entry else {
+        return Err("has no entry point `main`".to_string());
     };
-    if entry.stage != ShaderStage::Compute {
-        return Err(bad("`main` is not a @compute entry point".to_string()));
+    if !entry.compute {
+        return Err("`main` is not a @compute entry point".to_string());
     }
     if entry.workgroup_size != [WORKGROUP_SIZE, 1, 1] {
-        return Err(bad(format!(
+        return Err(format!(
             "`main` has @workgroup_size{:?}; custom kernels use @workgroup_size({WORKGROUP_SIZE})",
             entry.workgroup_size
-        )));
+        ));
     }
-    let uses = info.get_entry_point(entry_index);
     let mut bindings: Vec<Option<DType>> = vec![None; arity + 1];
-    for (handle, var) in module.global_variables.iter() {
-        let Some(binding) = var.binding else { continue };
-        let var_name = var.name.clone().unwrap_or_default();
-        if binding.group != 0 {
-            return Err(bad(format!("`{var_name}` is in group {}; custom kernels use group 0 only", binding.group)));
+    for g in globals {
+        let var_name = g.name;
+        if g.group != 0 {
+            return Err(format!("`{var_name}` is in group {}; custom kernels use group 0 only", g.group));
         }
-        let used = !uses[handle].is_empty();
-        if binding.binding == 0 {
+        if g.binding == 0 {
             if var_name != "kiln_params" {
-                return Err(bad(format!("`{var_name}` uses binding 0, which holds kiln's parameters")));
+                return Err(format!("`{var_name}` uses binding 0, which holds kiln's parameters"));
             }
-            if !used {
-                return Err(bad("`main` never reads kiln_len(): it must check its index against it".to_string()));
+            if !g.used {
+                return Err("`main` never reads kiln_len(): it must check its index against it".to_string());
             }
             continue;
         }
-        let slot = binding.binding as usize - 1;
+        let slot = g.binding as usize - 1;
         if slot > arity {
-            return Err(bad(format!(
+            return Err(format!(
                 "`{var_name}` uses binding {}, but an op of arity {arity} has bindings 1..={} (inputs, then \
                  the output)",
-                binding.binding,
+                g.binding,
                 arity + 1
-            )));
+            ));
         }
         let output = slot == arity;
-        let AddressSpace::Storage { access } = var.space else {
-            return Err(bad(format!("`{var_name}` (binding {}) is not a storage buffer", binding.binding)));
+        let Some(writable) = g.storage else {
+            return Err(format!("`{var_name}` (binding {}) is not a storage buffer", g.binding));
         };
-        if output != access.contains(StorageAccess::STORE) {
+        if output != writable {
             let want = if output { "read_write (it is the output)" } else { "read (it is an input)" };
-            return Err(bad(format!("`{var_name}` (binding {}) must be {want}", binding.binding)));
+            return Err(format!("`{var_name}` (binding {}) must be {want}", g.binding));
         }
-        let dtype = element_dtype(&module, var.ty).ok_or_else(|| {
-            bad(format!("`{var_name}` (binding {}) is not an array of f32, i32 or u32", binding.binding))
-        })?;
-        if !used {
-            return Err(bad(format!(
-                "`{var_name}` (binding {}) is declared but `main` never uses it",
-                binding.binding
-            )));
+        let Some(dtype) = g.dtype else {
+            return Err(format!("`{var_name}` (binding {}) is not an array of f32, i32 or u32", g.binding));
+        };
+        if !g.used {
+            return Err(format!("`{var_name}` (binding {}) is declared but `main` never uses it", g.binding));
         }
         bindings[slot] = Some(dtype);
     }
-    let bindings = bindings
+    bindings
         .into_iter()
         .enumerate()
         .map(|(k, b)| {
             b.ok_or_else(|| {
                 let what = if k == arity { "the output".to_string() } else { format!("input {k}") };
-                bad(format!("no binding {} for {what}", k + 1))
+                format!("no binding {} for {what}", k + 1)
             })
         })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(WgslKernel { source: full, bindings })
+        .collect()
+}
+
+/// naga's parse and validation, and what the contract needs from its module.
+#[cfg(feature = "wgsl")]
+fn read_with_naga(name: &str, full: &str) -> Result<(Option<Entry>, Vec<Global>)> {
+    let module = naga::front::wgsl::parse_str(full)
+        .map_err(|e| refusal(name, format!("does not parse:\n{}", e.emit_to_string(full))))?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .map_err(|e| refusal(name, format!("does not validate:\n{}", e.emit_to_string(full))))?;
+    let Some((entry_index, entry)) = module.entry_points.iter().enumerate().find(|(_, e)| e.name == "main") else {
+        return Ok((None, Vec::new()));
+    };
+    let uses = info.get_entry_point(entry_index);
+    let globals = module
+        .global_variables
+        .iter()
+        .filter_map(|(handle, var)| {
+            let binding = var.binding.as_ref()?;
+            let storage = match var.space {
+                AddressSpace::Storage { access } => Some(access.contains(StorageAccess::STORE)),
+                _ => None,
+            };
+            Some(Global {
+                name: var.name.clone().unwrap_or_default(),
+                group: binding.group,
+                binding: binding.binding,
+                storage,
+                dtype: element_dtype(&module, var.ty),
+                used: !uses[handle].is_empty(),
+            })
+        })
+        .collect();
+    let entry = Entry { compute: entry.stage == ShaderStage::Compute, workgroup_size: entry.workgroup_size };
+    Ok((Some(entry), globals))
 }
 
 /// The tensor dtype an `array<T>` binding holds.
+#[cfg(feature = "wgsl")]
 fn element_dtype(module: &naga::Module, ty: naga::Handle<naga::Type>) -> Option<DType> {
     let TypeInner::Array { base, .. } = module.types[ty].inner else { return None };
     let TypeInner::Scalar(scalar) = module.types[base].inner else { return None };
@@ -148,7 +217,7 @@ fn element_dtype(module: &naga::Module, ty: naga::Handle<naga::Type>) -> Option<
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "wgsl"))]
 mod tests {
     use super::validate;
 
