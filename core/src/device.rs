@@ -132,7 +132,10 @@ impl Device {
             pool: RefCell::new(BufferPool { free: vec![Vec::new(); DTYPES * BUCKETS], stats: PoolStats::default() }),
             parallel_branches: std::cell::Cell::new(true),
             fusion: std::cell::Cell::new(switch_default("KILN_FUSION")),
-            plans: RefCell::new(switch_default("KILN_PLAN_CACHE").then(Default::default)),
+            // Off in wasm for now: the browser build was not measured with it.
+            plans: RefCell::new(
+                (!cfg!(target_arch = "wasm32") && switch_default("KILN_PLAN_CACHE")).then(Default::default),
+            ),
             exec: std::cell::Cell::new(ExecStats::default()),
         }))
     }
@@ -172,7 +175,8 @@ impl Device {
     /// Let the executor replay the plan of an execution whose graph
     /// structure it has seen (see `exec::plan`) instead of deciding again.
     /// Results are the same either way. The default is on, unless the
-    /// environment variable `KILN_PLAN_CACHE` is `0` when the device is made.
+    /// environment variable `KILN_PLAN_CACHE` is `0` when the device is made
+    /// (in wasm the default is off).
     pub fn set_plan_cache(&self, on: bool) {
         let mut plans = self.0.plans.borrow_mut();
         match (on, plans.is_some()) {

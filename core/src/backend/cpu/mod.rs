@@ -12,6 +12,7 @@
 mod concurrent;
 mod custom;
 mod elementwise;
+#[cfg(feature = "fusion")]
 mod fused;
 mod index;
 mod layout;
@@ -30,7 +31,9 @@ use smallvec::SmallVec;
 
 #[cfg(feature = "rayon")]
 use crate::backend::Concurrency;
-use crate::backend::{checks, Backend, BufferId, FusedCall, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+#[cfg(feature = "fusion")]
+use crate::backend::FusedCall;
+use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::memory::try_vec;
@@ -190,6 +193,7 @@ pub struct CpuBackend {
     slab: RefCell<Vec<Option<CpuStorage>>>,
     free_ids: RefCell<Vec<u32>>,
     /// Fused kernels' plans by `FusedCall::plan_id`.
+    #[cfg(feature = "fusion")]
     fused_plans: fused::PlanCache,
 }
 
@@ -204,6 +208,7 @@ impl CpuBackend {
         CpuBackend {
             slab: RefCell::new(Vec::new()),
             free_ids: RefCell::new(Vec::new()),
+            #[cfg(feature = "fusion")]
             fused_plans: fused::PlanCache::default(),
         }
     }
@@ -422,10 +427,12 @@ impl Backend for CpuBackend {
         concurrent::run_many(self, calls)
     }
 
+    #[cfg(feature = "fusion")]
     fn fuses(&self) -> bool {
         true
     }
 
+    #[cfg(feature = "fusion")]
     fn run_fused(&self, call: &FusedCall<'_>) -> Result<()> {
         fused::run(self, call)
     }
