@@ -117,6 +117,9 @@ pub struct Index {
     pub count: u32,
     pub inner: u32,
     pub slot: u32,
+    /// `sort_step`: the partner distance and the merged sequence length.
+    pub j: u32,
+    pub k: u32,
 }
 
 /// update.wgsl (SGD reads the first six fields, Adam all but the SGD ones).
@@ -226,7 +229,7 @@ mod tests {
                 chunk_stride
             }),
             layout!(Chunks { outputs, products }),
-            layout!(Index { n, size, count, inner, slot }),
+            layout!(Index { n, size, count, inner, slot, j, k }),
             layout!(Update {
                 n,
                 flags,

@@ -128,7 +128,18 @@ impl Kernel {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             Kernel::Reduce(..) => &["serial", "leaves_to_parts", "leaves_to_out", "parts_to_parts", "parts_to_out"],
-            Kernel::Index(_) => &["check", "gather", "scatter"],
+            Kernel::Index(_) => &[
+                "check",
+                "check_value",
+                "gather",
+                "sort_init",
+                "sort_step",
+                "buckets_clear",
+                "buckets_find",
+                "leaves",
+                "tree_level",
+                "scatter",
+            ],
             Kernel::Update => &["sgd", "sgd_momentum", "adam"],
             Kernel::Window(_) => &["im2col", "col2im"],
             Kernel::Pool => &["forward", "backward"],

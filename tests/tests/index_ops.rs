@@ -124,3 +124,55 @@ fn vulkan_out_of_range_indices_are_the_cpus_error() {
         assert_eq!(gather(device, &[1, 1]).unwrap().len(), 6);
     }
 }
+
+/// Sizes where the old kernels looped over the whole index vector in every
+/// invocation: the range check of 3,000,000 indices (one workgroup used to
+/// scan them all, ~11,700 iterations per thread) and a ScatterAdd of 300,001
+/// source rows with heavy duplicates (every output used to scan all of
+/// them). Lavapipe stops any loop after 65,535 iterations without an error:
+/// with each output adding its own 270,001 duplicates in one loop, the hot
+/// output was exactly the sum of the first 65,535. Now the duplicates are
+/// summed by the summation rule (leaves of 128, then a tree, one level per
+/// pass) on both devices, and the bits must match the CPU's.
+#[test]
+fn vulkan_many_indices_and_heavy_duplicates() {
+    let Some(gpu) = common::vulkan_device("index_ops") else { return };
+    let cpu = Device::cpu();
+    // Heavy duplicates: index 1 nearly everywhere, 0 and 2 now and then,
+    // 3 never (its output must be dest's bits).
+    let count = 300_001;
+    let index: Vec<i32> =
+        (0..count).map(|i| [1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1][i % 20]).collect();
+    let want = scatter(&cpu, &[4, 3], 0, &index).unwrap();
+    let got = scatter(&gpu, &[4, 3], 0, &index).unwrap();
+    assert_eq!(got, want, "ScatterAdd of {count} heavily duplicated indices");
+    // Along a middle axis, with more outer rows (each scans its own runs).
+    let index = many_indices(40_000, 3);
+    assert_eq!(scatter(&gpu, &[3, 3, 2], 1, &index).unwrap(), scatter(&cpu, &[3, 3, 2], 1, &index).unwrap());
+
+    // The range check of many indices finds the first bad one near the end.
+    let count = 3_000_000;
+    let mut index = many_indices(count, 4);
+    index[count - 10] = 99;
+    index[count - 1] = -7;
+    for device in [&cpu, &gpu] {
+        let graph = Graph::new(device);
+        let x = graph.tensor_from(&values(8, 3), &[4, 2]).unwrap();
+        let idx = graph.tensor_from(&index[..], &[count]).unwrap();
+        let e = x.index_select(0, idx).unwrap().sum_all().unwrap().item_blocking().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfRange, "{e}");
+        assert!(e.message().contains(&format!("index 99 at position {}", count - 10)), "{e}");
+        // All good: the sum of the selected rows is the CPU's.
+        index[count - 10] = 3;
+        index[count - 1] = 0;
+        let idx = graph.tensor_from(&index[..], &[count]).unwrap();
+        let x = graph.tensor_from(&values(8, 3), &[4, 2]).unwrap();
+        let rows = x.index_select(0, idx).unwrap();
+        let got = rows.to_vec_blocking::<f32>().unwrap();
+        let xs = values(8, 3);
+        let want: Vec<f32> = index.iter().flat_map(|&k| [xs[2 * k as usize], xs[2 * k as usize + 1]]).collect();
+        assert!(got == want, "IndexSelect of {count} indices on {device:?}");
+        index[count - 10] = 99;
+        index[count - 1] = -7;
+    }
+}

@@ -2,6 +2,7 @@
 //! values are data, so their range is checked here and reported as errors.
 
 use super::layout::for_chunks;
+use super::reduce::{Tree, LEAF};
 use super::scalar::{Num, Scalar};
 use super::{with_any, with_num, In, Out};
 use crate::backend::checks::{self, split_at_axis as split, with_axis};
@@ -88,24 +89,58 @@ pub(super) fn scatter_add(axis: usize, [dest, idx, src]: &[In<'_>; 3], out: &mut
     })
 }
 
-/// out = dest; then, per outer row, source slice i added at index[i], in
-/// increasing i (rows are independent: threads split them, never a row).
+/// out = dest, plus, per outer row and index value k, the sum of the source
+/// slices at k's positions (increasing position) by the summation rule
+/// (docs/reductions.md: leaves of `LEAF` folded from zero, combined by the
+/// power-of-two split). A hot index's many duplicates then sum accurately,
+/// and the wgpu kernel, which bounds each invocation's loop to one leaf,
+/// gives the same bits. Outputs of unused indices keep dest's bits. Rows are
+/// independent: threads split them, never a row.
 fn scatter_rows<T: Num>(dest: &[T], ix: &[i32], src: &[T], size: usize, inner: usize, out: &mut [T]) {
     let row = size * inner;
     if row == 0 {
         return;
     }
+    // The positions grouped by index value, increasing within a group (a
+    // counting sort): index k's positions are order[starts[k]..starts[k + 1]].
+    let mut starts = vec![0usize; size + 1];
+    for &k in ix {
+        starts[k as usize + 1] += 1;
+    }
+    for k in 0..size {
+        starts[k + 1] += starts[k];
+    }
+    let mut next = starts.clone();
+    let mut order = vec![0usize; ix.len()];
+    for (i, &k) in ix.iter().enumerate() {
+        order[next[k as usize]] = i;
+        next[k as usize] += 1;
+    }
     let srow = ix.len() * inner;
+    let add = |mut a: Vec<T>, b: Vec<T>| {
+        a.iter_mut().zip(b).for_each(|(x, y)| *x = x.add(y));
+        a
+    };
     for_chunks(out, row, |s, c| {
         c.copy_from_slice(&dest[s..s + c.len()]);
         for (r, orow) in c.chunks_exact_mut(row).enumerate() {
             let base = (s / row + r) * srow;
-            for (i, &k) in ix.iter().enumerate() {
-                let from = &src[base + i * inner..base + (i + 1) * inner];
-                let to = &mut orow[k as usize * inner..(k as usize + 1) * inner];
-                for (o, &v) in to.iter_mut().zip(from) {
-                    *o = o.add(v);
+            for k in 0..size {
+                let run = &order[starts[k]..starts[k + 1]];
+                if run.is_empty() {
+                    continue;
                 }
+                let mut tree = Tree::new();
+                for leaf in run.chunks(LEAF) {
+                    let mut acc = vec![T::ZERO; inner];
+                    for &i in leaf {
+                        let from = &src[base + i * inner..base + (i + 1) * inner];
+                        acc.iter_mut().zip(from).for_each(|(a, &v)| *a = a.add(v));
+                    }
+                    tree.push(acc, &add);
+                }
+                let sum = tree.finish(&add).expect("a non-empty run has a leaf");
+                orow[k * inner..(k + 1) * inner].iter_mut().zip(sum).for_each(|(o, v)| *o = o.add(v));
             }
         }
     });
@@ -174,6 +209,33 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::OutOfRange);
         assert!(e.message().contains("index 5 at position 1") && e.message().contains("size 3"), "{e}");
+    }
+
+    /// 2^24 + 300 ones scattered to one output: a serial f32 fold stops at
+    /// 2^24; the rule is exact. Also the rule's tree shape: 3 leaves of one
+    /// index are (l0 + l1) + l2, added to dest.
+    #[test]
+    fn scatter_add_sums_duplicates_by_the_rule() {
+        use super::LEAF;
+        let n = (1usize << 24) + 300;
+        let r = run_op(
+            Op::ScatterAdd { axis: 0 },
+            &[(f32s(&[0., 0.5]), &[2]), (i32s(&vec![0; n]), &[n]), (f32s(&vec![1.; n]), &[n])],
+            &[2],
+            DType::F32,
+        )
+        .unwrap();
+        assert_eq!(r, f32s(&[n as f32, 0.5]));
+        let g = rand_f32(3 * LEAF, 4);
+        let r = run_op(
+            Op::ScatterAdd { axis: 0 },
+            &[(f32s(&[0.25]), &[1]), (i32s(&vec![0; 3 * LEAF]), &[3 * LEAF]), (f32s(&g), &[3 * LEAF])],
+            &[1],
+            DType::F32,
+        )
+        .unwrap();
+        let leaf = |q: usize| g[q * LEAF..(q + 1) * LEAF].iter().fold(0f32, |a, &v| a + v);
+        assert_eq!(r, f32s(&[0.25 + ((leaf(0) + leaf(1)) + leaf(2))]));
     }
 
     #[test]
