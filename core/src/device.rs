@@ -23,6 +23,10 @@ struct DeviceShared {
     pool: RefCell<BufferPool>,
     /// Whether the executor may run independent small nodes at once.
     parallel_branches: std::cell::Cell<bool>,
+    /// Whether the executor fuses element-wise chains (see `set_fusion`).
+    fusion: std::cell::Cell<bool>,
+    /// Plans of the executions seen (see `set_plan_cache`); None: off.
+    plans: RefCell<Option<crate::exec::plan::PlanCache>>,
     exec: std::cell::Cell<ExecStats>,
 }
 
@@ -35,6 +39,14 @@ pub struct ExecStats {
     pub concurrent_batches: usize,
     /// Kernels run as part of such a group.
     pub concurrent_kernels: usize,
+    /// Executions that replayed a cached plan.
+    pub plans_reused: usize,
+    /// Executions that planned (and recorded their plan).
+    pub plans_built: usize,
+    /// Fused element-wise groups run (each counts as one kernel).
+    pub fused_groups: usize,
+    /// Nodes computed inside those groups.
+    pub fused_nodes: usize,
 }
 
 /// Counters of the pool: the executor tests read these to prove that buffers
@@ -119,6 +131,11 @@ impl Device {
             backend: Box::new(backend),
             pool: RefCell::new(BufferPool { free: vec![Vec::new(); DTYPES * BUCKETS], stats: PoolStats::default() }),
             parallel_branches: std::cell::Cell::new(true),
+            fusion: std::cell::Cell::new(switch_default("KILN_FUSION")),
+            // Off in wasm for now: the browser build was not measured with it.
+            plans: RefCell::new(
+                (!cfg!(target_arch = "wasm32") && switch_default("KILN_PLAN_CACHE")).then(Default::default),
+            ),
             exec: std::cell::Cell::new(ExecStats::default()),
         }))
     }
@@ -141,6 +158,60 @@ impl Device {
 
     pub fn parallel_branches(&self) -> bool {
         self.0.parallel_branches.get()
+    }
+
+    /// Let the executor run chains of element-wise ops as one fused kernel
+    /// when the backend can (the CPU can). Results are bit-identical either
+    /// way. The default is on, unless the environment variable
+    /// `KILN_FUSION` is `0` when the device is made.
+    pub fn set_fusion(&self, on: bool) {
+        self.0.fusion.set(on);
+    }
+
+    pub fn fusion(&self) -> bool {
+        self.0.fusion.get()
+    }
+
+    /// Let the executor replay the plan of an execution whose graph
+    /// structure it has seen (see `exec::plan`) instead of deciding again.
+    /// Results are the same either way. The default is on, unless the
+    /// environment variable `KILN_PLAN_CACHE` is `0` when the device is made
+    /// (in wasm the default is off).
+    pub fn set_plan_cache(&self, on: bool) {
+        let mut plans = self.0.plans.borrow_mut();
+        match (on, plans.is_some()) {
+            (true, false) => *plans = Some(Default::default()),
+            (false, true) => *plans = None,
+            _ => {}
+        }
+    }
+
+    pub fn plan_cache_enabled(&self) -> bool {
+        self.0.plans.borrow().is_some()
+    }
+
+    /// `f` on the plan cache, while it is on.
+    pub(crate) fn with_plan_cache<R>(&self, f: impl FnOnce(&mut crate::exec::plan::PlanCache) -> R) -> Option<R> {
+        self.0.plans.borrow_mut().as_mut().map(f)
+    }
+
+    pub(crate) fn count_plan(&self, reused: bool) {
+        let mut s = self.0.exec.get();
+        if reused {
+            s.plans_reused += 1;
+        } else {
+            s.plans_built += 1;
+        }
+        self.0.exec.set(s);
+    }
+
+    /// Count one fused group of `nodes` nodes (one kernel).
+    pub(crate) fn count_fused(&self, nodes: usize) {
+        let mut s = self.0.exec.get();
+        s.kernels += 1;
+        s.fused_groups += 1;
+        s.fused_nodes += nodes;
+        self.0.exec.set(s);
     }
 
     /// Counts of what the executor ran on this device since it was made.
@@ -242,6 +313,12 @@ impl Device {
         }
         pool.stats.pooled_buffers = 0;
     }
+}
+
+/// A speed switch that is on unless the environment variable is `0` (no
+/// environment in the browser: on).
+fn switch_default(variable: &str) -> bool {
+    std::env::var(variable).map_or(true, |v| v.trim() != "0")
 }
 
 impl Drop for DeviceShared {

@@ -25,6 +25,9 @@
 //! reused, and the order in which the observer hears of nodes, can differ.
 //! Off in wasm (no rayon) and with `Device::set_parallel_branches(false)`.
 
+mod fusion;
+pub(crate) mod plan;
+
 use smallvec::SmallVec;
 
 use crate::backend::{Backend, BufferId, Concurrency, KernelCall, TensorRef};
@@ -33,10 +36,10 @@ use crate::dtype::HostData;
 use crate::error::{Error, Result};
 use crate::graph::{flags, Graph, GraphState, NodeId, SlabRange, Tensor};
 
-const NEEDED: u8 = 1;
-const TARGET: u8 = 2;
+pub(crate) const NEEDED: u8 = 1;
+pub(crate) const TARGET: u8 = 2;
 /// Run (or given to the backend) in this execution.
-const RAN: u8 = 4;
+pub(crate) const RAN: u8 = 4;
 /// The most nodes run at once; what a backend asks for is capped here.
 const MAX_BATCH: usize = 32;
 /// Kernel calls of a batch kept inline (no heap) while it is run. Most
@@ -94,63 +97,113 @@ impl Graph {
         let state = &mut *guard;
         let end = max as usize + 1;
 
-        // Mark what is needed, walking ids downwards: a node is needed if a
-        // needed node without a value consumes it. Count the consumers.
         let mut marks = std::mem::take(&mut state.scratch_marks);
         let mut uses = std::mem::take(&mut state.scratch_uses);
-        marks.clear();
-        marks.resize(end, 0);
-        uses.clear();
-        uses.resize(end, 0);
-        for &t in targets {
-            marks[t as usize] |= NEEDED | TARGET;
-        }
-        for id in (0..end).rev() {
-            if marks[id] & NEEDED == 0 || state.values[id].is_some() {
-                continue;
-            }
-            let node = state.nodes[id];
-            for &input in SlabRange::of(&state.input_slab, node.inputs) {
-                marks[input as usize] |= NEEDED;
-                uses[input as usize] += 1;
-            }
-        }
-
         let keep_saved = !state.differentiated;
         let concurrency = if device.parallel_branches() { backend.concurrency() } else { None };
+        let fuse = device.fusion() && backend.fuses();
+        let switches = plan::Switches { keep_saved, fuse, concurrency };
+        let cached = device.with_plan_cache(|cache| cache.find(state, targets, end, switches));
         let mut order = std::mem::take(&mut state.scratch_order);
-        order.clear();
-        order.extend(
-            (0..end).filter(|&id| marks[id] & NEEDED != 0 && state.values[id].is_none()).map(|id| id as NodeId),
-        );
         let mut result = Ok(());
-        let mut pos = 0;
-        while pos < order.len() {
-            let id = order[pos];
-            pos += 1;
-            if marks[id as usize] & RAN != 0 {
-                continue;
+        match cached {
+            Some(Ok(plan)) => {
+                device.count_plan(true);
+                marks.clear();
+                marks.extend_from_slice(&plan.marks);
+                uses.clear();
+                uses.extend_from_slice(&plan.uses);
+                result = replay(&device, state, &plan, &mut uses, &marks, keep_saved, computed);
             }
-            let mut batch: SmallVec<[NodeId; MAX_BATCH]> = smallvec::smallvec![id];
-            let parallel = match concurrency {
-                Some(c) => gather_branches(state, backend, c, &order[pos..], &marks, &mut batch),
-                None => false,
-            };
-            for &b in &batch {
-                marks[b as usize] |= RAN;
-            }
-            let step = if parallel { batch.len() } else { 1 };
-            for group in batch.chunks(step) {
-                if let Err(e) = run_batch(&device, state, group, computed) {
-                    result = Err(e);
-                    break;
+            recording => {
+                // Mark what is needed, walking ids downwards: a node is needed if a
+                // needed node without a value consumes it. Count the consumers.
+                marks.clear();
+                marks.resize(end, 0);
+                uses.clear();
+                uses.resize(end, 0);
+                for &t in targets {
+                    marks[t as usize] |= NEEDED | TARGET;
                 }
-                for &b in group {
-                    release_inputs(&device, state, b, &mut uses, &marks, keep_saved);
+                for id in (0..end).rev() {
+                    if marks[id] & NEEDED == 0 || state.values[id].is_some() {
+                        continue;
+                    }
+                    let node = state.nodes[id];
+                    for &input in SlabRange::of(&state.input_slab, node.inputs) {
+                        marks[input as usize] |= NEEDED;
+                        uses[input as usize] += 1;
+                    }
                 }
-            }
-            if result.is_err() {
-                break;
+                let recording = recording.and_then(|r| r.err());
+                let mut record =
+                    recording.map(|r| (r, uses.clone(), marks.clone(), Vec::new(), Vec::new(), Vec::new()));
+                order.clear();
+                order.extend(
+                    (0..end).filter(|&id| marks[id] & NEEDED != 0 && state.values[id].is_none()).map(|id| id as NodeId),
+                );
+                let mut pos = 0;
+                while pos < order.len() {
+                    let id = order[pos];
+                    pos += 1;
+                    if marks[id as usize] & RAN != 0 {
+                        continue;
+                    }
+                    if fuse {
+                        if let Some(group) = fusion::plan_group(state, &order[pos - 1..], &mut marks, &uses, keep_saved)
+                        {
+                            for &m in &group.members {
+                                marks[m as usize] |= RAN;
+                            }
+                            let mut prepared = fusion::prepare(state, group);
+                            if record.is_some() {
+                                prepared.plan_id = device.with_plan_cache(|c| c.group_id());
+                            }
+                            if let Err(e) = fusion::run_group(&device, state, &prepared, computed) {
+                                result = Err(e);
+                                break;
+                            }
+                            for &m in &prepared.group.members {
+                                release_inputs(&device, state, m, &mut uses, &marks, keep_saved);
+                            }
+                            if let Some((_, _, _, steps, _, groups)) = record.as_mut() {
+                                steps.push(plan::Step::Fused(groups.len() as u32));
+                                groups.push(prepared);
+                            }
+                            continue;
+                        }
+                    }
+                    let mut batch: SmallVec<[NodeId; MAX_BATCH]> = smallvec::smallvec![id];
+                    let parallel = match concurrency {
+                        Some(c) => gather_branches(state, backend, c, &order[pos..], &marks, &mut batch),
+                        None => false,
+                    };
+                    for &b in &batch {
+                        marks[b as usize] |= RAN;
+                    }
+                    let step = if parallel { batch.len() } else { 1 };
+                    for group in batch.chunks(step) {
+                        if let Err(e) = run_batch(&device, state, group, computed) {
+                            result = Err(e);
+                            break;
+                        }
+                        for &b in group {
+                            release_inputs(&device, state, b, &mut uses, &marks, keep_saved);
+                        }
+                        if let Some((_, _, _, steps, nodes, _)) = record.as_mut() {
+                            steps.push(plan::Step::Run { start: nodes.len() as u32, len: group.len() as u32 });
+                            nodes.extend_from_slice(group);
+                        }
+                    }
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                // Only a plan that ran to the end is worth replaying.
+                if let (Some((recording, uses0, marks0, steps, nodes, groups)), Ok(())) = (record, &result) {
+                    device.count_plan(false);
+                    device.with_plan_cache(|cache| cache.insert(recording, uses0, marks0, steps, nodes, groups));
+                }
             }
         }
         state.scratch_order = order;
@@ -175,6 +228,38 @@ impl Graph {
         // executions may reuse it while the future is pending.
         self.device().backend().read(buffer, dtype, len).await
     }
+}
+
+/// Run a recorded plan: the same kernels, groups and frees, in the same
+/// order, as the execution that recorded it.
+fn replay(
+    device: &Device,
+    state: &mut GraphState,
+    plan: &plan::Plan,
+    uses: &mut [u32],
+    marks: &[u8],
+    keep_saved: bool,
+    computed: &mut dyn FnMut(NodeId, BufferId) -> Result<()>,
+) -> Result<()> {
+    for &step in &plan.steps {
+        match step {
+            plan::Step::Run { start, len } => {
+                let nodes = plan::step_nodes(plan, start, len);
+                run_batch(device, state, nodes, computed)?;
+                for &b in nodes {
+                    release_inputs(device, state, b, uses, marks, keep_saved);
+                }
+            }
+            plan::Step::Fused(i) => {
+                let prepared = &plan.groups[i as usize];
+                fusion::run_group(device, state, prepared, computed)?;
+                for &m in &prepared.group.members {
+                    release_inputs(device, state, m, uses, marks, keep_saved);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Add to `batch` (which holds the next node) the ready nodes among the
@@ -331,6 +416,11 @@ fn run_batch(
     failure.map_or(Ok(()), Err)
 }
 
+/// Whether a value must survive its last consumer in this execution.
+pub(crate) fn pinned(flags_of_node: u8, keep_saved: bool) -> bool {
+    (keep_saved && flags_of_node & flags::SAVED != 0) || flags_of_node & (flags::RETAIN_GRAD | flags::REQUESTED) != 0
+}
+
 /// Release the inputs of `id` whose last consumer it was.
 fn release_inputs(
     device: &Device,
@@ -348,10 +438,7 @@ fn release_inputs(
             continue;
         }
         let n = state.nodes[input];
-        let pinned = n.op.is_leaf()
-            || (keep_saved && n.flags & flags::SAVED != 0)
-            || n.flags & (flags::RETAIN_GRAD | flags::REQUESTED) != 0;
-        if pinned {
+        if n.op.is_leaf() || pinned(n.flags, keep_saved) {
             continue;
         }
         if let Some(buffer) = state.values[input].take() {

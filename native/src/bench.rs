@@ -95,6 +95,12 @@ pub struct StepCounters {
     pub kernels_per_step: f64,
     /// Of those, run together with others as parallel branches.
     pub concurrent_kernels_per_step: f64,
+    /// Of those, fused element-wise groups, and the nodes they computed.
+    pub fused_groups_per_step: f64,
+    pub fused_nodes_per_step: f64,
+    /// Executions that replayed a cached plan, and that planned anew.
+    pub plans_reused_per_step: f64,
+    pub plans_built_per_step: f64,
     /// Bytes the device's pool asked the backend for per step (pool
     /// misses); 0 means every buffer came from the pool.
     pub device_bytes_allocated_per_step: f64,
@@ -115,10 +121,15 @@ impl StepCounters {
             _ => "host_allocs_per_step=n/a".to_string(),
         };
         format!(
-            "kernels_per_step={:.1} concurrent_kernels_per_step={:.1} device_bytes_allocated_per_step={:.0} \
-             peak_device_mib={:.2} {host}",
+            "kernels_per_step={:.1} concurrent_kernels_per_step={:.1} fused_groups_per_step={:.1} \
+             fused_nodes_per_step={:.1} plans_reused_per_step={:.1} plans_built_per_step={:.1} \
+             device_bytes_allocated_per_step={:.0} peak_device_mib={:.2} {host}",
             self.kernels_per_step,
             self.concurrent_kernels_per_step,
+            self.fused_groups_per_step,
+            self.fused_nodes_per_step,
+            self.plans_reused_per_step,
+            self.plans_built_per_step,
             self.device_bytes_allocated_per_step,
             self.peak_device_bytes as f64 / (1024.0 * 1024.0),
         )
@@ -153,6 +164,10 @@ pub fn step_counters(
     Ok(StepCounters {
         kernels_per_step: per(exec.kernels, exec2.kernels),
         concurrent_kernels_per_step: per(exec.concurrent_kernels, exec2.concurrent_kernels),
+        fused_groups_per_step: per(exec.fused_groups, exec2.fused_groups),
+        fused_nodes_per_step: per(exec.fused_nodes, exec2.fused_nodes),
+        plans_reused_per_step: per(exec.plans_reused, exec2.plans_reused),
+        plans_built_per_step: per(exec.plans_built, exec2.plans_built),
         device_bytes_allocated_per_step: per(pool.backend_allocated_bytes, pool2.backend_allocated_bytes),
         peak_device_bytes: pool2.peak_live_bytes,
         host_allocations_per_step: host_per(|c| c.0),

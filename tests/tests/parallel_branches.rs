@@ -12,9 +12,10 @@ fn bits(values: &[f64]) -> Vec<u64> {
 }
 
 /// Loss bits and every parameter's gradient bits of one towers step.
-fn run(parallel: bool) -> (u32, Vec<Vec<u64>>, kiln::ExecStats) {
+fn run(parallel: bool, fusion: bool) -> (u32, Vec<Vec<u64>>, kiln::ExecStats) {
     let device = Device::cpu();
     device.set_parallel_branches(parallel);
+    device.set_fusion(fusion);
     let model = towers_model(&device, 8, 64, 1).unwrap();
     let graph = Graph::new(&device);
     let loss = towers_step(&graph, &model, 32).unwrap();
@@ -28,10 +29,18 @@ fn run(parallel: bool) -> (u32, Vec<Vec<u64>>, kiln::ExecStats) {
 
 #[test]
 fn towers_are_bit_identical_to_serial_and_run_concurrently() {
-    let (serial_loss, serial_grads, serial_stats) = run(false);
-    let (loss, grads, stats) = run(true);
+    // Fusion off: the very same kernels run, serially or in batches.
+    let (serial_loss, serial_grads, serial_stats) = run(false, false);
+    let (loss, grads, stats) = run(true, false);
     assert_eq!(loss, serial_loss, "loss");
     assert_eq!(grads, serial_grads, "gradients");
+    // Fusion on: parallel batches take nodes a serial run fuses, so the
+    // kernels differ, but not the bits.
+    for parallel in [false, true] {
+        let (fused_loss, fused_grads, _) = run(parallel, true);
+        assert_eq!(fused_loss, serial_loss, "loss, fused, parallel {parallel}");
+        assert_eq!(fused_grads, serial_grads, "gradients, fused, parallel {parallel}");
+    }
     assert_eq!(serial_stats.concurrent_batches, 0, "serial means one kernel at a time");
     assert_eq!(stats.kernels, serial_stats.kernels, "the same kernels run");
     if rayon_threads() > 1 {

@@ -72,6 +72,52 @@ pub struct Concurrency {
 
 pub type ReadFuture = Pin<Box<dyn Future<Output = Result<HostData>>>>;
 
+/// Where a fused op reads an operand from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FusedArg {
+    /// Input k of the group (a buffer, broadcast to the group's dims).
+    Input(u16),
+    /// The value of op k of the group (an earlier one).
+    Op(u16),
+}
+
+/// One op of a fused group: an element-wise op (Unary, Binary, Compare,
+/// Where) or a constant (`Full`, which stands for its value broadcast to the
+/// group's dims). `dtype` is the op's output dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FusedOp {
+    pub op: Op,
+    pub args: [FusedArg; 3],
+    pub arity: u8,
+    pub dtype: DType,
+}
+
+impl FusedOp {
+    pub fn args(&self) -> &[FusedArg] {
+        &self.args[..self.arity as usize]
+    }
+}
+
+/// A chain of element-wise ops run as one kernel (see `exec`'s fusion):
+/// every op is evaluated per element in order, exactly as its own kernel
+/// would, and only `outputs` are written to memory; the other values live
+/// in small per-thread tiles.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedCall<'a> {
+    /// The dims every op's value has (constants are broadcast to them).
+    pub dims: &'a [usize],
+    pub ops: &'a [FusedOp],
+    /// Buffers read; each broadcasts to `dims`.
+    pub inputs: &'a [TensorRef<'a>],
+    /// (op index, buffer) of the values kept; dims are `dims`, except a
+    /// constant's, which are its own (one element or `dims`).
+    pub outputs: &'a [(u16, TensorRef<'a>)],
+    /// Some(id): every call with this id has the same structure (ops,
+    /// dtypes, input and output dims; the executor's plan cache checked it),
+    /// so the backend may reuse what it derived from the first one.
+    pub plan_id: Option<u64>,
+}
+
 pub trait Backend {
     /// Human-readable description, e.g. "cpu (rayon, 2 threads)".
     fn name(&self) -> String;
@@ -104,6 +150,15 @@ pub trait Backend {
     /// what `run` would.
     fn run_many(&self, calls: &[KernelCall<'_>]) -> Vec<Result<()>> {
         calls.iter().map(|c| self.run(c)).collect()
+    }
+    /// Whether this backend runs fused element-wise groups (`run_fused`).
+    fn fuses(&self) -> bool {
+        false
+    }
+    /// Run a fused group (only called when `fuses` says yes). Each output
+    /// must hold exactly what the op's own kernel would have computed.
+    fn run_fused(&self, _call: &FusedCall<'_>) -> Result<()> {
+        Err(crate::error::Error::unsupported("fused", format!("{} does not run fused kernels", self.name())))
     }
     /// Update a parameter in place from its gradient.
     fn update_param(

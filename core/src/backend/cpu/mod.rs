@@ -12,6 +12,8 @@
 mod concurrent;
 mod custom;
 mod elementwise;
+#[cfg(feature = "fusion")]
+mod fused;
 mod index;
 mod layout;
 mod matmul;
@@ -29,6 +31,8 @@ use smallvec::SmallVec;
 
 #[cfg(feature = "rayon")]
 use crate::backend::Concurrency;
+#[cfg(feature = "fusion")]
+use crate::backend::FusedCall;
 use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
@@ -188,6 +192,9 @@ pub(crate) fn unsupported_dtype(op: &'static str, dtype: DType) -> Error {
 pub struct CpuBackend {
     slab: RefCell<Vec<Option<CpuStorage>>>,
     free_ids: RefCell<Vec<u32>>,
+    /// Fused kernels' plans by `FusedCall::plan_id`.
+    #[cfg(feature = "fusion")]
+    fused_plans: fused::PlanCache,
 }
 
 impl Default for CpuBackend {
@@ -198,7 +205,12 @@ impl Default for CpuBackend {
 
 impl CpuBackend {
     pub fn new() -> CpuBackend {
-        CpuBackend { slab: RefCell::new(Vec::new()), free_ids: RefCell::new(Vec::new()) }
+        CpuBackend {
+            slab: RefCell::new(Vec::new()),
+            free_ids: RefCell::new(Vec::new()),
+            #[cfg(feature = "fusion")]
+            fused_plans: fused::PlanCache::default(),
+        }
     }
 
     fn missing(op: &'static str, id: BufferId) -> Error {
@@ -413,6 +425,16 @@ impl Backend for CpuBackend {
     #[cfg(feature = "rayon")]
     fn run_many(&self, calls: &[KernelCall<'_>]) -> Vec<Result<()>> {
         concurrent::run_many(self, calls)
+    }
+
+    #[cfg(feature = "fusion")]
+    fn fuses(&self) -> bool {
+        true
+    }
+
+    #[cfg(feature = "fusion")]
+    fn run_fused(&self, call: &FusedCall<'_>) -> Result<()> {
+        fused::run(self, call)
     }
 
     fn update_param(

@@ -1,0 +1,667 @@
+//! Fused element-wise groups (see `exec`'s fusion and `FusedCall`): one
+//! pass over memory for a chain of element-wise ops.
+//!
+//! The output range is cut into tiles of `TILE` elements; for each tile the
+//! ops run in order, each one's loop over the tile calling exactly the
+//! per-element function its own kernel calls (`Value::unary`, `binary`,
+//! the comparison, the select, `Scalar::from_f64` for constants), so every
+//! element gets the same f32/f64/i32 operations in the same order as
+//! unfused: results are bit-identical. Values the executor does not keep
+//! live only in a few tiles per thread (slots reused once their last reader
+//! has run); the kept ones are copied out tile by tile. Large groups split
+//! the range over rayon's threads, each with its own tiles.
+
+use smallvec::SmallVec;
+
+use super::layout::broadcast_to;
+use super::scalar::Scalar;
+use super::{with_num, CpuBackend, CpuStorage};
+use crate::backend::{FusedArg, FusedCall, TensorRef};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::op::expr::compare as compare_values;
+use crate::op::{with_binary, with_compare, with_unary};
+use crate::op::{CompareOp, Expr, Op, Value};
+use crate::shape::Dims;
+
+const NAME: &str = "fused";
+/// Elements per tile: the tiles of a group's live values stay in L1.
+const TILE: usize = 256;
+
+/// Where a value of one tile is: a contiguous input read in place, or a tile
+/// of the value type (`T`) or of bools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loc {
+    Input(usize),
+    T(usize),
+    B(usize),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Const(f64),
+    Unary(Expr),
+    Binary(Expr),
+    Compare(CompareOp),
+    Where,
+}
+
+struct Step {
+    kind: Kind,
+    args: [Loc; 3],
+    dst: Loc,
+    /// Index into the call's outputs when this value is kept.
+    output: Option<usize>,
+    /// A constant that fills its tile (false: it shares an equal one's).
+    fill: bool,
+}
+
+/// How an input is read per tile.
+enum Read {
+    /// numel = the group's: read in place.
+    Contiguous,
+    /// One element: a tile filled once per chunk.
+    Splat(Loc),
+    /// Broadcast along some axes: gathered into a tile, with these strides.
+    Gather(Loc, Dims),
+}
+
+/// Plans of calls with a `plan_id`: the executor guarantees that calls
+/// with one id have one structure. Bounded: cleared when full (ids of
+/// evicted executor plans are never seen again).
+#[derive(Default)]
+pub(super) struct PlanCache(std::cell::RefCell<std::collections::HashMap<u64, std::rc::Rc<Plan>>>);
+
+const PLANS_KEPT: usize = 1024;
+
+/// The checked, slot-assigned form of a call.
+pub(super) struct Plan {
+    steps: Vec<Step>,
+    reads: Vec<Read>,
+    t_tiles: usize,
+    b_tiles: usize,
+    /// Work per element (sum of the ops' costs).
+    weight: usize,
+}
+
+fn bad(message: impl Into<String>) -> Error {
+    Error::backend(NAME, message)
+}
+
+fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
+    let n: usize = call.dims.iter().product();
+    let (mut t_tiles, mut b_tiles) = (0usize, 0usize);
+    let mut reads = Vec::with_capacity(call.inputs.len());
+    let mut input_locs = Vec::with_capacity(call.inputs.len());
+    for t in call.inputs {
+        if t.dtype != value && t.dtype != DType::Bool {
+            return Err(bad(format!("input of {} in a group of {value}", t.dtype)));
+        }
+        let mut tile = || {
+            if t.dtype == DType::Bool {
+                b_tiles += 1;
+                Loc::B(b_tiles - 1)
+            } else {
+                t_tiles += 1;
+                Loc::T(t_tiles - 1)
+            }
+        };
+        let strides = broadcast_to(NAME, t.dims, call.dims)?;
+        let numel = t.numel();
+        let (read, loc) = if numel == n {
+            (Read::Contiguous, Loc::Input(reads.len()))
+        } else if numel == 1 {
+            let loc = tile();
+            (Read::Splat(loc), loc)
+        } else {
+            let loc = tile();
+            (Read::Gather(loc, strides), loc)
+        };
+        reads.push(read);
+        input_locs.push(loc);
+    }
+    // Last reader of every op's value, to reuse its slot after it.
+    let ops = call.ops;
+    let mut last_use: Vec<usize> = (0..ops.len()).collect();
+    for (i, op) in ops.iter().enumerate() {
+        for a in op.args() {
+            match *a {
+                FusedArg::Op(k) if (k as usize) < i => last_use[k as usize] = i,
+                FusedArg::Input(k) if (k as usize) < call.inputs.len() => {}
+                _ => return Err(bad(format!("op {i} reads {a:?}, which is not before it"))),
+            }
+        }
+    }
+    let mut outputs: Vec<Option<usize>> = vec![None; ops.len()];
+    for (o, &(k, t)) in call.outputs.iter().enumerate() {
+        let Some(op) = ops.get(k as usize) else { return Err(bad(format!("output of op {k}, which does not exist"))) };
+        let numel = t.numel();
+        if t.dtype != op.dtype
+            || !(numel == n || (numel == 1 && matches!(op.op, Op::Full(_))))
+            || outputs[k as usize].is_some()
+        {
+            return Err(bad(format!("output {o} does not fit op {k}")));
+        }
+        outputs[k as usize] = Some(o);
+    }
+    let (mut free_t, mut free_b): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    let mut locs: Vec<Loc> = Vec::with_capacity(ops.len());
+    let mut steps = Vec::with_capacity(ops.len());
+    let mut weight = 0usize;
+    let mut consts: Vec<(u64, bool, Loc)> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        let is_bool = op.dtype == DType::Bool;
+        if !is_bool && op.dtype != value {
+            return Err(bad(format!("op {i} makes {} in a group of {value}", op.dtype)));
+        }
+        let loc_of = |a: &FusedArg| match *a {
+            FusedArg::Input(k) => input_locs[k as usize],
+            FusedArg::Op(k) => locs[k as usize],
+        };
+        let mut args = [Loc::Input(usize::MAX); 3];
+        for (slot, a) in args.iter_mut().zip(op.args()) {
+            *slot = loc_of(a);
+        }
+        // Operand kinds: bool where the op reads a condition, T elsewhere.
+        let is_bool_arg = |a: &FusedArg| match *a {
+            FusedArg::Input(k) => call.inputs[k as usize].dtype == DType::Bool,
+            FusedArg::Op(k) => ops[k as usize].dtype == DType::Bool,
+        };
+        let want_bool: &[bool] = match op.op {
+            Op::Full(_) => &[],
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) => &[false, false],
+            Op::Where => &[true, false, false],
+            other => return Err(bad(format!("{} is not an element-wise op", other.name()))),
+        };
+        let arity = op.args().len();
+        let expected_arity = match op.op {
+            Op::Full(_) => 0,
+            Op::Unary(_) => 1,
+            Op::Binary(_) | Op::Compare(_) => 2,
+            _ => 3,
+        };
+        if arity != expected_arity || op.args().iter().zip(want_bool).any(|(a, &b)| is_bool_arg(a) != b) {
+            return Err(bad(format!("op {i} ({}) has operands of the wrong number or kind", op.op.name())));
+        }
+        let mut elementwise = |o: Op| -> Result<Expr> {
+            let info = o.info();
+            match info.elementwise {
+                Some(e) if info.dtypes.contains(value) => {
+                    weight += e.cost as usize;
+                    Ok(e.expr)
+                }
+                _ => Err(super::unsupported_dtype(info.name, value)),
+            }
+        };
+        let kind = match op.op {
+            Op::Full(v) => Kind::Const(v),
+            Op::Unary(_) => Kind::Unary(elementwise(op.op)?),
+            Op::Binary(_) => Kind::Binary(elementwise(op.op)?),
+            Op::Compare(c) => {
+                weight += 1;
+                Kind::Compare(c)
+            }
+            _ => {
+                weight += 1;
+                Kind::Where
+            }
+        };
+        // Equal constants share one tile (a chain's repeated scalars).
+        if let Kind::Const(v) = kind {
+            if let Some(&(_, _, loc)) = consts.iter().find(|c| c.0 == v.to_bits() && c.1 == is_bool) {
+                locs.push(loc);
+                steps.push(Step { kind, args, dst: loc, output: outputs[i], fill: false });
+                continue;
+            }
+        }
+        // Free the slots whose last reader is this op *after* taking the
+        // destination, so a destination never aliases an operand.
+        // Constants are filled once per chunk, before any op runs: they get
+        // tiles of their own, never one an earlier value used.
+        let constant = matches!(kind, Kind::Const(_));
+        let dst = if is_bool {
+            Loc::B((if constant { None } else { free_b.pop() }).unwrap_or_else(|| {
+                b_tiles += 1;
+                b_tiles - 1
+            }))
+        } else {
+            Loc::T((if constant { None } else { free_t.pop() }).unwrap_or_else(|| {
+                t_tiles += 1;
+                t_tiles - 1
+            }))
+        };
+        for a in op.args() {
+            if let FusedArg::Op(k) = *a {
+                let k = k as usize;
+                if last_use[k] == i && !matches!(ops[k].op, Op::Full(_)) {
+                    match locs[k] {
+                        Loc::T(s) => free_t.push(s),
+                        Loc::B(s) => free_b.push(s),
+                        Loc::Input(_) => {}
+                    }
+                    // Several operands may name one value: free it once.
+                    last_use[k] = usize::MAX;
+                }
+            }
+        }
+        // A value nothing in the group reads frees its slot at once
+        // (constants keep theirs: they are filled once per chunk).
+        if last_use[i] == i && !matches!(op.op, Op::Full(_)) {
+            match dst {
+                Loc::T(s) => free_t.push(s),
+                Loc::B(s) => free_b.push(s),
+                Loc::Input(_) => {}
+            }
+        }
+        if let Kind::Const(v) = kind {
+            consts.push((v.to_bits(), is_bool, dst));
+        }
+        locs.push(dst);
+        steps.push(Step { kind, args, dst, output: outputs[i], fill: true });
+    }
+    Ok(Plan { steps, reads, t_tiles, b_tiles, weight: weight.max(1) })
+}
+
+/// A kept value's destination, typed.
+enum OutSlice<'a, T> {
+    T(&'a mut [T]),
+    B(&'a mut [u8]),
+}
+
+/// An input's data, typed.
+#[derive(Clone, Copy)]
+enum InSlice<'a, T> {
+    T(&'a [T]),
+    B(&'a [u8]),
+}
+
+pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
+    let value = call
+        .ops
+        .iter()
+        .map(|o| o.dtype)
+        .chain(call.inputs.iter().map(|t| t.dtype))
+        .find(|&d| d != DType::Bool)
+        .ok_or_else(|| bad("a group without a value of a numeric dtype"))?;
+    let plan = match call.plan_id {
+        Some(id) => {
+            let cached = be.fused_plans.0.borrow().get(&id).cloned();
+            match cached {
+                Some(p) => p,
+                None => {
+                    let p = std::rc::Rc::new(plan(call, value)?);
+                    let mut plans = be.fused_plans.0.borrow_mut();
+                    if plans.len() >= PLANS_KEPT {
+                        plans.clear();
+                    }
+                    plans.insert(id, p.clone());
+                    p
+                }
+            }
+        }
+        None => std::rc::Rc::new(plan(call, value)?),
+    };
+    let plan = &*plan;
+    let mut slab = be.slab.borrow_mut();
+    // Outputs leave the slab while the group runs (as in `run`): a buffer
+    // named twice, or also as an input, is then missing, never aliased.
+    let mut taken: SmallVec<[(TensorRef<'_>, CpuStorage); 8]> = SmallVec::new();
+    let mut result = Ok(());
+    for &(_, t) in call.outputs {
+        match slab.get_mut(t.buffer.0 as usize).and_then(Option::take) {
+            Some(s) => taken.push((t, s)),
+            None => {
+                result = Err(CpuBackend::missing(NAME, t.buffer));
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        result = (|| {
+            let slab = &*slab;
+            let mut ins: SmallVec<[&CpuStorage; 8]> = SmallVec::new();
+            for t in call.inputs {
+                let s = slab
+                    .get(t.buffer.0 as usize)
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| CpuBackend::missing(NAME, t.buffer))?;
+                CpuBackend::check(NAME, t, s)?;
+                ins.push(s);
+            }
+            for (t, s) in &taken {
+                CpuBackend::check(NAME, t, s)?;
+            }
+            with_num!(value, NAME, T => eval::<T>(call, plan, &ins, &mut taken))
+        })();
+    }
+    for (t, s) in taken {
+        slab[t.buffer.0 as usize] = Some(s);
+    }
+    result
+}
+
+fn eval<T: Scalar + Value>(
+    call: &FusedCall<'_>,
+    plan: &Plan,
+    ins: &[&CpuStorage],
+    outs: &mut [(TensorRef<'_>, CpuStorage)],
+) -> Result<()> {
+    let n: usize = call.dims.iter().product();
+    let mut inputs: SmallVec<[InSlice<'_, T>; 8]> = SmallVec::new();
+    for (t, s) in call.inputs.iter().zip(ins) {
+        let numel = t.numel();
+        inputs.push(if t.dtype == DType::Bool {
+            InSlice::B(u8::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input is not bool"))?)
+        } else {
+            InSlice::T(T::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input of the wrong dtype"))?)
+        });
+    }
+    let mut out_slices: Vec<OutSlice<'_, T>> = Vec::with_capacity(outs.len());
+    for (t, s) in outs.iter_mut() {
+        let numel = t.numel();
+        out_slices.push(if t.dtype == DType::Bool {
+            OutSlice::B(u8::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output is not bool"))?)
+        } else {
+            OutSlice::T(T::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output of the wrong dtype"))?)
+        });
+    }
+    // Kept constants are written whole, here, once (a one-element one is a
+    // scalar the group also reads); the other kept values tile by tile.
+    let mut kept: Vec<Option<OutSlice<'_, T>>> = Vec::with_capacity(out_slices.len());
+    let mut const_of: Vec<Option<f64>> = vec![None; out_slices.len()];
+    for step in &plan.steps {
+        if let (Kind::Const(v), Some(o)) = (step.kind, step.output) {
+            const_of[o] = Some(v);
+        }
+    }
+    for (constant, slice) in const_of.into_iter().zip(out_slices) {
+        match (constant, slice) {
+            (Some(v), OutSlice::T(d)) => d.fill(T::from_f64(v)),
+            (Some(v), OutSlice::B(d)) => d.fill(u8::from_f64(v)),
+            (None, slice) => {
+                kept.push(Some(slice));
+                continue;
+            }
+        }
+        kept.push(None);
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    // Split every kept output at the same chunk boundaries; each chunk runs
+    // with its own tiles (on its own thread when the group is large).
+    let chunk = chunk_len(n, plan.weight);
+    let chunks = n.div_ceil(chunk);
+    let mut per_chunk: Vec<Vec<Option<OutSlice<'_, T>>>> =
+        (0..chunks).map(|_| Vec::with_capacity(kept.len())).collect();
+    for slice in kept {
+        match slice {
+            None => per_chunk.iter_mut().for_each(|c| c.push(None)),
+            Some(OutSlice::T(v)) => {
+                for (c, piece) in per_chunk.iter_mut().zip(v.chunks_mut(chunk)) {
+                    c.push(Some(OutSlice::T(piece)));
+                }
+            }
+            Some(OutSlice::B(v)) => {
+                for (c, piece) in per_chunk.iter_mut().zip(v.chunks_mut(chunk)) {
+                    c.push(Some(OutSlice::B(piece)));
+                }
+            }
+        }
+    }
+    let run_chunk = |index: usize, mut outs: Vec<Option<OutSlice<'_, T>>>| {
+        let start = index * chunk;
+        let end = (start + chunk).min(n);
+        eval_chunk::<T>(call.dims, plan, &inputs, &mut outs, start, end);
+    };
+    #[cfg(feature = "rayon")]
+    if chunks > 1 {
+        use rayon::prelude::*;
+        per_chunk.into_par_iter().enumerate().for_each(|(i, outs)| run_chunk(i, outs));
+        return Ok(());
+    }
+    for (i, outs) in per_chunk.into_iter().enumerate() {
+        run_chunk(i, outs);
+    }
+    Ok(())
+}
+
+/// Elements per chunk: all of them below the parallel threshold, else what
+/// `for_chunks_weighted` would give the group's work, in whole tiles.
+fn chunk_len(n: usize, weight: usize) -> usize {
+    #[cfg(feature = "rayon")]
+    {
+        let work = n.saturating_mul(weight);
+        if work >= super::layout::PAR_THRESHOLD && n > TILE {
+            let per = super::layout::chunk_len(work).div_ceil(weight);
+            return per.div_ceil(TILE).max(1) * TILE;
+        }
+    }
+    let _ = weight;
+    n.max(1)
+}
+
+fn eval_chunk<T: Scalar + Value>(
+    dims: &[usize],
+    plan: &Plan,
+    inputs: &[InSlice<'_, T>],
+    outs: &mut [Option<OutSlice<'_, T>>],
+    start: usize,
+    end: usize,
+) {
+    let tile = TILE.min(end - start);
+    let mut t: Tiles<T> = Tiles::new(plan.t_tiles, tile);
+    let mut b: Tiles<u8> = Tiles::new(plan.b_tiles, tile);
+    // Once per chunk: one-element inputs and constants fill their tiles.
+    for (read, input) in plan.reads.iter().zip(inputs) {
+        if let Read::Splat(loc) = read {
+            match (*loc, *input) {
+                (Loc::T(i), InSlice::T(v)) => t.get_mut(i).fill(v[0]),
+                (Loc::B(i), InSlice::B(v)) => b.get_mut(i).fill(v[0]),
+                _ => unreachable!("plan matched tiles to input dtypes"),
+            }
+        }
+    }
+    for step in &plan.steps {
+        if let (Kind::Const(v), true) = (step.kind, step.fill) {
+            match step.dst {
+                Loc::T(i) => t.get_mut(i).fill(T::from_f64(v)),
+                Loc::B(i) => b.get_mut(i).fill(u8::from_f64(v)),
+                Loc::Input(_) => unreachable!("constants get tiles"),
+            }
+        }
+    }
+    let mut s = start;
+    while s < end {
+        let len = tile.min(end - s);
+        for (read, input) in plan.reads.iter().zip(inputs) {
+            if let Read::Gather(loc, strides) = read {
+                match (*loc, *input) {
+                    (Loc::T(i), InSlice::T(v)) => gather(v, strides, dims, s, &mut t.get_mut(i)[..len]),
+                    (Loc::B(i), InSlice::B(v)) => gather(v, strides, dims, s, &mut b.get_mut(i)[..len]),
+                    _ => unreachable!("plan matched tiles to input dtypes"),
+                }
+            }
+        }
+        for step in &plan.steps {
+            run_step(step, &mut t, &mut b, inputs, s, len);
+            if let Some(o) = step.output {
+                let local = s - start;
+                match (outs[o].as_mut(), step.dst) {
+                    (Some(OutSlice::T(d)), Loc::T(i)) => d[local..local + len].copy_from_slice(&t.view().get(i)[..len]),
+                    (Some(OutSlice::B(d)), Loc::B(i)) => d[local..local + len].copy_from_slice(&b.view().get(i)[..len]),
+                    (None, _) => {}
+                    _ => unreachable!("plan matched outputs to op dtypes"),
+                }
+            }
+        }
+        s += len;
+    }
+}
+
+/// A chunk's tiles of one element type, in one allocation.
+struct Tiles<V> {
+    buf: Vec<V>,
+    tile: usize,
+}
+
+/// Tiles to read, all but `hole` (the tile being written).
+struct View<'a, V> {
+    before: &'a [V],
+    after: &'a [V],
+    hole: usize,
+    tile: usize,
+}
+
+impl<V: Copy + Default> Tiles<V> {
+    fn new(count: usize, tile: usize) -> Self {
+        Tiles { buf: vec![V::default(); count * tile], tile }
+    }
+    fn get_mut(&mut self, i: usize) -> &mut [V] {
+        &mut self.buf[i * self.tile..(i + 1) * self.tile]
+    }
+    fn view(&self) -> View<'_, V> {
+        View { before: &self.buf, after: &[], hole: usize::MAX, tile: self.tile }
+    }
+    /// Tile `i` to write and the others to read.
+    fn split(&mut self, i: usize) -> (&mut [V], View<'_, V>) {
+        let tile = self.tile;
+        let (before, rest) = self.buf.split_at_mut(i * tile);
+        let (dst, after) = rest.split_at_mut(tile);
+        (dst, View { before, after, hole: i, tile })
+    }
+}
+
+impl<'a, V> View<'a, V> {
+    fn get(&self, i: usize) -> &'a [V] {
+        let t = self.tile;
+        match i.cmp(&self.hole) {
+            std::cmp::Ordering::Less => &self.before[i * t..(i + 1) * t],
+            std::cmp::Ordering::Greater => &self.after[(i - self.hole - 1) * t..(i - self.hole) * t],
+            std::cmp::Ordering::Equal => unreachable!("a destination is never its own operand"),
+        }
+    }
+}
+
+/// out[j] = x[flat index s + j of the group read with `strides`].
+fn gather<V: Copy>(x: &[V], strides: &[usize], dims: &[usize], s: usize, out: &mut [V]) {
+    let rank = dims.len();
+    let mut idx: SmallVec<[usize; 8]> = SmallVec::from_elem(0, rank);
+    let mut rest = s;
+    let mut off = 0;
+    for d in (0..rank).rev() {
+        idx[d] = rest % dims[d];
+        rest /= dims[d];
+        off += idx[d] * strides[d];
+    }
+    for o in out.iter_mut() {
+        *o = x[off];
+        // Odometer step.
+        let mut d = rank;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            off += strides[d];
+            if idx[d] < dims[d] {
+                break;
+            }
+            off -= strides[d] * dims[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+fn run_step<T: Scalar + Value>(
+    step: &Step,
+    t: &mut Tiles<T>,
+    b: &mut Tiles<u8>,
+    inputs: &[InSlice<'_, T>],
+    s: usize,
+    len: usize,
+) {
+    match step.kind {
+        Kind::Const(_) => {}
+        Kind::Unary(e) => {
+            let Loc::T(d) = step.dst else { unreachable!("unary ops make values") };
+            let (dst, t) = t.split(d);
+            let x = t_src(&t, inputs, step.args[0], s, len);
+            let o = &mut dst[..len];
+            match e {
+                Expr::Unary(f, &Expr::Arg(0)) => with_unary!(f, F => {
+                    for (o, &v) in o.iter_mut().zip(x) {
+                        *o = T::unary(F, v);
+                    }
+                }),
+                expr => {
+                    for (o, &v) in o.iter_mut().zip(x) {
+                        *o = expr.eval(&[v]);
+                    }
+                }
+            }
+        }
+        Kind::Binary(e) => {
+            let Loc::T(d) = step.dst else { unreachable!("binary ops make values") };
+            let (dst, t) = t.split(d);
+            let x = t_src(&t, inputs, step.args[0], s, len);
+            let y = t_src(&t, inputs, step.args[1], s, len);
+            let o = &mut dst[..len];
+            match e {
+                Expr::Binary(f, &Expr::Arg(0), &Expr::Arg(1)) => with_binary!(f, F => {
+                    for ((o, &p), &q) in o.iter_mut().zip(x).zip(y) {
+                        *o = T::binary(F, p, q);
+                    }
+                }),
+                expr => {
+                    for ((o, &p), &q) in o.iter_mut().zip(x).zip(y) {
+                        *o = expr.eval(&[p, q]);
+                    }
+                }
+            }
+        }
+        Kind::Compare(c) => {
+            let Loc::B(d) = step.dst else { unreachable!("comparisons make bools") };
+            let t = t.view();
+            let x = t_src(&t, inputs, step.args[0], s, len);
+            let y = t_src(&t, inputs, step.args[1], s, len);
+            let o = &mut b.get_mut(d)[..len];
+            with_compare!(c, C => {
+                for ((o, &p), &q) in o.iter_mut().zip(x).zip(y) {
+                    *o = compare_values(C, p, q) as u8;
+                }
+            })
+        }
+        Kind::Where => {
+            let Loc::T(d) = step.dst else { unreachable!("where makes values") };
+            let (dst, t) = t.split(d);
+            let b = b.view();
+            let c = b_src(&b, inputs, step.args[0], s, len);
+            let x = t_src(&t, inputs, step.args[1], s, len);
+            let y = t_src(&t, inputs, step.args[2], s, len);
+            for (((o, &k), &p), &q) in dst[..len].iter_mut().zip(c).zip(x).zip(y) {
+                *o = if k != 0 { p } else { q };
+            }
+        }
+    }
+}
+
+fn t_src<'a, T: Copy>(t: &View<'a, T>, inputs: &[InSlice<'a, T>], loc: Loc, s: usize, len: usize) -> &'a [T] {
+    match loc {
+        Loc::T(i) => &t.get(i)[..len],
+        Loc::Input(k) => match inputs[k] {
+            InSlice::T(v) => &v[s..s + len],
+            InSlice::B(_) => unreachable!("plan checked operand kinds"),
+        },
+        Loc::B(_) => unreachable!("plan checked operand kinds"),
+    }
+}
+
+fn b_src<'a, T: Copy>(b: &View<'a, u8>, inputs: &[InSlice<'a, T>], loc: Loc, s: usize, len: usize) -> &'a [u8] {
+    match loc {
+        Loc::B(i) => &b.get(i)[..len],
+        Loc::Input(k) => match inputs[k] {
+            InSlice::B(v) => &v[s..s + len],
+            InSlice::T(_) => unreachable!("plan checked operand kinds"),
+        },
+        Loc::T(_) => unreachable!("plan checked operand kinds"),
+    }
+}
