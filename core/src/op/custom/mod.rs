@@ -506,6 +506,21 @@ pub fn reference() -> CustomOp {
     })
 }
 
+/// A kernel that keeps the binding contract (y = 2x): the WGSL checks' tests
+/// (naga's in `wgsl.rs`, the naga-free scan's in `wgsl_scan.rs`) edit it.
+#[cfg(test)]
+const DOUBLING_KERNEL: &str = "
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = kiln_index(wid, nwg, lid);
+    if (i >= kiln_len()) { return; }
+    y[i] = 2.0 * x[i];
+}
+";
+
 const REFERENCE_WGSL: &str = "
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;

@@ -221,17 +221,7 @@ fn element_dtype(module: &naga::Module, ty: naga::Handle<naga::Type>) -> Option<
 mod tests {
     use super::validate;
 
-    const GOOD: &str = "
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = kiln_index(wid, nwg, lid);
-    if (i >= kiln_len()) { return; }
-    y[i] = 2.0 * x[i];
-}
-";
+    use super::super::DOUBLING_KERNEL as GOOD;
 
     fn error(source: &str, arity: usize) -> String {
         validate("T", arity, source).unwrap_err().to_string()
