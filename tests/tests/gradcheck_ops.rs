@@ -64,6 +64,8 @@ fn unary_ops() {
         unary(UnaryOp::Log1p, rand(&d, -0.5, 2.0, 16)),
         unary(UnaryOp::Expm1, rand(&d, -2.0, 2.0, 17)),
         unary(UnaryOp::Softsign, away_from_zero(&d, 0.2, 2.0, 18)),
+        unary(UnaryOp::Gelu, rand(&d, -3.0, 3.0, 19)),
+        unary(UnaryOp::GeluDerivative, rand(&d, -3.0, 3.0, 20)),
     ];
     // Every differentiable unary op is in the table.
     for op in UnaryOp::ALL {

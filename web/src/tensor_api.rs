@@ -434,6 +434,8 @@ unary! {
     "sigmoid" sigmoid => sigmoid,
     "relu" relu => relu,
     "gelu" gelu => gelu,
+    /// GELU's derivative Φ(x) + x·φ(x).
+    "geluDerivative" gelu_derivative => gelu_derivative,
     "silu" silu => silu,
     "square" square => square,
     "erf" erf => erf,

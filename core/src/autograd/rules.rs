@@ -76,6 +76,12 @@ pub(crate) fn input_gradients<'g>(
                 UnaryOp::Log1p => one(g.div(x.add(1.0)?)),
                 UnaryOp::Expm1 => one(g.mul(y.add(1.0)?)),
                 UnaryOp::Softsign => one(g.div(x.abs()?.add(1.0)?.square()?)),
+                UnaryOp::Gelu => one(g.mul(x.gelu_derivative()?)),
+                // d/dx (Φ + xφ) = 2φ + xφ' = φ · (2 − x²).
+                UnaryOp::GeluDerivative => {
+                    let density = x.square()?.mul(-0.5)?.exp()?.mul(crate::op::FRAC_1_SQRT_2PI)?;
+                    one(g.mul(density.mul(x.square()?.neg()?.add(2.0)?)?))
+                }
                 UnaryOp::Sign => Err(no_rule(&op)),
             }
         }

@@ -135,7 +135,7 @@ fn pick<T: PartialOrd + Copy>(a: T, b: T, keep_a: impl Fn(T, T) -> bool) -> T {
 }
 
 macro_rules! float_value {
-    ($t:ty, $erf:path, $erfc:path, $log1p:path, $expm1:path) => {
+    ($t:ty, $exp:path, $erf:path, $erfc:path, $log1p:path, $expm1:path) => {
         impl Value for $t {
             #[inline(always)]
             fn constant(c: f64) -> Self {
@@ -154,7 +154,7 @@ macro_rules! float_value {
                 match op {
                     UnaryOp::Neg => -x,
                     UnaryOp::Abs => x.abs(),
-                    UnaryOp::Exp => x.exp(),
+                    UnaryOp::Exp => $exp(x),
                     UnaryOp::Log => x.ln(),
                     UnaryOp::Sqrt => x.sqrt(),
                     UnaryOp::Recip => 1.0 / x,
@@ -164,9 +164,9 @@ macro_rules! float_value {
                     // Two forms, so that neither overflows to inf/inf.
                     UnaryOp::Sigmoid => {
                         if x >= 0.0 {
-                            1.0 / (1.0 + (-x).exp())
+                            1.0 / (1.0 + $exp(-x))
                         } else {
-                            let e = x.exp();
+                            let e = $exp(x);
                             e / (1.0 + e)
                         }
                     }
@@ -192,6 +192,21 @@ macro_rules! float_value {
                     }
                     UnaryOp::Log1p => $log1p(x),
                     UnaryOp::Expm1 => $expm1(x),
+                    // GELU and its derivative: the op table's expressions
+                    // (GELU, GELU_DERIVATIVE there), the same operations in
+                    // the same order, written out so that the loops calling
+                    // them vectorise instead of walking the expression tree
+                    // per element (`every_element_wise_op_evaluates` checks
+                    // that both agree bit for bit).
+                    UnaryOp::Gelu => {
+                        let two_phi = $erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t) + 1.0;
+                        (two_phi * x) * 0.5
+                    }
+                    UnaryOp::GeluDerivative => {
+                        let two_phi = $erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t) + 1.0;
+                        let density = $exp((x * x) * -0.5) * super::FRAC_1_SQRT_2PI as $t;
+                        two_phi * 0.5 + x * density
+                    }
                     // Ops the table composes from the ones above.
                     #[allow(unreachable_patterns)]
                     _ => composed_unary(op, x),
@@ -212,9 +227,10 @@ macro_rules! float_value {
         }
     };
 }
-// f32 erf: our branch-free version (op/erf.rs), which vectorises.
-float_value!(f32, super::erf::erf_f32, libm::erfcf, libm::log1pf, libm::expm1f);
-float_value!(f64, libm::erf, libm::erfc, libm::log1p, libm::expm1);
+// f32 exp and erf: our branch-free versions (op/exp.rs, op/erf.rs), which
+// vectorise.
+float_value!(f32, super::exp::exp_f32, super::erf::erf_f32, libm::erfcf, libm::log1pf, libm::expm1f);
+float_value!(f64, f64::exp, libm::erf, libm::erfc, libm::log1p, libm::expm1);
 
 /// i32 arithmetic wraps. The ops the table refuses for i32 (Div, Pow and
 /// the transcendental functions) are never run on i32 by a kernel; they are
@@ -289,11 +305,18 @@ mod tests {
         for op in UnaryOp::ALL {
             let info = Op::Unary(op).info();
             let e = info.elementwise.expect("unary ops are element-wise").expr;
-            for x in [-1.5f64, -0.25, 0.0, 0.5, 2.0] {
+            for x in [-1.5f64, -0.25, 0.0, 0.5, 2.0, -7.0, 1e-3, 4.5, f64::NAN] {
                 let v = f64::unary(op, x);
                 let direct = e.eval(&[x]);
                 assert!(v == direct || (v.is_nan() && direct.is_nan()), "{} at {x}", op.name());
-                let _ = f32::unary(op, x as f32);
+                // f32 too: a composed op written out in `Value::unary`
+                // (Gelu) must do exactly its expression's operations.
+                let (v, direct) = (f32::unary(op, x as f32), e.eval(&[x as f32]));
+                assert!(
+                    v.to_bits() == direct.to_bits() || (v.is_nan() && direct.is_nan()),
+                    "{} at {x} (f32)",
+                    op.name()
+                );
             }
             if info.dtypes.contains(DType::I32) {
                 let _ = i32::unary(op, -3);

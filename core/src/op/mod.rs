@@ -12,8 +12,10 @@
 mod attrs;
 pub mod custom;
 mod erf;
+mod exp;
 pub mod expr;
 mod table;
+pub(crate) use table::FRAC_1_SQRT_2PI;
 
 pub use attrs::{Perm, SliceAttr};
 pub use custom::{CustomOp, CustomOpBuilder};
@@ -87,6 +89,13 @@ pub enum UnaryOp {
     Expm1,
     /// x / (1 + |x|): composed from Div, Add and Abs in the op table.
     Softsign,
+    /// GELU, exact form: x/2 · (1 + erf(x/√2)), composed in the op table.
+    /// One op (saving only x) instead of five nodes whose values backward
+    /// would keep.
+    Gelu,
+    /// GELU's derivative Φ(x) + x·φ(x) (its gradient rule), composed in
+    /// the op table.
+    GeluDerivative,
 }
 }
 

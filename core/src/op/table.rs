@@ -194,6 +194,38 @@ const SOFTSIGN: Expr = Expr::Binary(
     &Expr::Binary(BinaryOp::Add, &Expr::Const(1.0), &Expr::Unary(UnaryOp::Abs, arg(0))),
 );
 
+/// erf(x/√2) + 1, GELU's 2·Φ(x).
+const TWO_PHI: Expr = Expr::Binary(
+    BinaryOp::Add,
+    &Expr::Unary(UnaryOp::Erf, &Expr::Binary(BinaryOp::Mul, arg(0), &Expr::Const(std::f64::consts::FRAC_1_SQRT_2))),
+    &Expr::Const(1.0),
+);
+
+/// ((erf(x/√2) + 1) · x) · 0.5: the order `Tensor::gelu` composed it in
+/// before it became one op, so its values did not change.
+const GELU: Expr = Expr::Binary(BinaryOp::Mul, &Expr::Binary(BinaryOp::Mul, &TWO_PHI, arg(0)), &Expr::Const(0.5));
+
+/// 1/√(2π), the standard normal density at 0.
+pub(crate) const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+/// Φ(x) + x·φ(x) = (erf(x/√2) + 1) · 0.5 + x · (exp(x·x · −0.5) · 1/√(2π)).
+const GELU_DERIVATIVE: Expr = Expr::Binary(
+    BinaryOp::Add,
+    &Expr::Binary(BinaryOp::Mul, &TWO_PHI, &Expr::Const(0.5)),
+    &Expr::Binary(
+        BinaryOp::Mul,
+        arg(0),
+        &Expr::Binary(
+            BinaryOp::Mul,
+            &Expr::Unary(
+                UnaryOp::Exp,
+                &Expr::Binary(BinaryOp::Mul, &Expr::Binary(BinaryOp::Mul, arg(0), arg(0)), &Expr::Const(-0.5)),
+            ),
+            &Expr::Const(FRAC_1_SQRT_2PI),
+        ),
+    ),
+);
+
 const fn saved(inputs: u8, output: bool) -> Saved {
     Saved { inputs, output }
 }
@@ -335,6 +367,8 @@ impl Op {
                 UnaryOp::Log1p => unary("Log1p", u, D::FLOAT, x, DEAR, Domain::Interval(-0.5, 2.0)),
                 UnaryOp::Expm1 => unary("Expm1", u, D::FLOAT, y, DEAR, ANYWHERE),
                 UnaryOp::Softsign => composed("Softsign", SOFTSIGN, D::FLOAT, x, CHEAP, Domain::AwayFromZero(0.2, 2.0)),
+                UnaryOp::Gelu => composed("Gelu", GELU, D::FLOAT, x, DEAR, ANYWHERE),
+                UnaryOp::GeluDerivative => composed("GeluDerivative", GELU_DERIVATIVE, D::FLOAT, x, DEAR, ANYWHERE),
             },
             Op::Cast(_) => OpInfo {
                 name: "Cast",

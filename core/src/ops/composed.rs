@@ -109,7 +109,7 @@ impl<'g> Tensor<'g> {
     #[track_caller]
     pub fn gelu(self) -> Result<Tensor<'g>> {
         self.require_float("gelu")?;
-        self.mul(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add(1.0)?.mul(self)?.mul(0.5)
+        self.unary(crate::op::UnaryOp::Gelu)
     }
 
     /// SiLU (swish): x · sigmoid(x).

@@ -101,6 +101,9 @@ unary_methods! {
     expm1 => Expm1,
     /// x / (1 + |x|), a smooth sign in (-1, 1).
     softsign => Softsign,
+    /// GELU's derivative Φ(x) + x·φ(x) (Φ, φ: the standard normal's
+    /// distribution and density); GELU's gradient rule.
+    gelu_derivative => GeluDerivative,
     /// -1, 0 or 1 (NaN stays NaN). Not differentiable: backward through it is
     /// an error; `detach()` the input if a zero gradient is what you want.
     sign => Sign,

@@ -195,7 +195,12 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
         };
         let kind = match op.op {
             Op::Full(v) => Kind::Const(v),
-            Op::Unary(_) => Kind::Unary(elementwise(op.op)?),
+            // Through `Value::unary`, like the unfused kernel: a composed op
+            // written out there (Gelu) then runs as one vectorised loop.
+            Op::Unary(u) => {
+                elementwise(op.op)?;
+                Kind::Unary(Expr::Unary(u, crate::op::expr::arg(0)))
+            }
             Op::Binary(_) => Kind::Binary(elementwise(op.op)?),
             Op::Compare(c) => {
                 weight += 1;
@@ -543,9 +548,16 @@ impl<'a, V> View<'a, V> {
     }
 }
 
-/// out[j] = x[flat index s + j of the group read with `strides`].
+/// out[j] = x[flat index s + j of the group read with `strides`], a run
+/// along the innermost axis at a time: a fill (a broadcast row statistic,
+/// stride 0), a copy (a bias, stride 1) or a strided loop. (Element by
+/// element, the index arithmetic cost more than the ops reading the tile.)
 fn gather<V: Copy>(x: &[V], strides: &[usize], dims: &[usize], s: usize, out: &mut [V]) {
     let rank = dims.len();
+    if rank == 0 {
+        out.fill(x[0]);
+        return;
+    }
     let mut idx: SmallVec<[usize; 8]> = SmallVec::from_elem(0, rank);
     let mut rest = s;
     let mut off = 0;
@@ -554,19 +566,35 @@ fn gather<V: Copy>(x: &[V], strides: &[usize], dims: &[usize], s: usize, out: &m
         rest /= dims[d];
         off += idx[d] * strides[d];
     }
-    for o in out.iter_mut() {
-        *o = x[off];
-        // Odometer step.
-        let mut d = rank;
-        while d > 0 {
+    let last = rank - 1;
+    let (inner, step) = (dims[last], strides[last]);
+    let mut done = 0;
+    while done < out.len() {
+        let run = (inner - idx[last]).min(out.len() - done);
+        let dst = &mut out[done..done + run];
+        match step {
+            0 => dst.fill(x[off]),
+            1 => dst.copy_from_slice(&x[off..off + run]),
+            _ => {
+                for (j, o) in dst.iter_mut().enumerate() {
+                    *o = x[off + j * step];
+                }
+            }
+        }
+        done += run;
+        // Odometer step by `run` along the innermost axis, carrying outwards.
+        idx[last] += run;
+        off += run * step;
+        let mut d = last;
+        while idx[d] == dims[d] {
+            off -= strides[d] * dims[d];
+            idx[d] = 0;
+            if d == 0 {
+                break;
+            }
             d -= 1;
             idx[d] += 1;
             off += strides[d];
-            if idx[d] < dims[d] {
-                break;
-            }
-            off -= strides[d] * dims[d];
-            idx[d] = 0;
         }
     }
 }
@@ -663,5 +691,46 @@ fn b_src<'a, T: Copy>(b: &View<'a, u8>, inputs: &[InSlice<'a, T>], loc: Loc, s: 
             InSlice::T(_) => unreachable!("plan checked operand kinds"),
         },
         Loc::T(_) => unreachable!("plan checked operand kinds"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gather;
+
+    /// `gather` against the flat index arithmetic it replaces, for
+    /// broadcast (stride 0), contiguous and permuted reads, from starts in
+    /// the middle of a row and lengths crossing several rows.
+    #[test]
+    fn gather_reads_every_element_where_the_strides_say() {
+        let x: Vec<u32> = (0..64).collect();
+        let cases: [(&[usize], &[usize]); 5] = [
+            (&[3, 4, 5], &[5, 0, 1]),  // a [3, 1, 5] operand
+            (&[3, 4, 5], &[4, 1, 0]),  // [3, 4, 1]: a row statistic
+            (&[3, 4, 5], &[0, 0, 1]),  // a bias
+            (&[3, 4, 5], &[1, 15, 3]), // permuted
+            (&[7], &[1]),
+        ];
+        for (dims, strides) in cases {
+            let n: usize = dims.iter().product();
+            let expected: Vec<u32> = (0..n)
+                .map(|mut i| {
+                    let mut off = 0;
+                    for d in (0..dims.len()).rev() {
+                        off += (i % dims[d]) * strides[d];
+                        i /= dims[d];
+                    }
+                    x[off]
+                })
+                .collect();
+            for start in [0, 1, 4, 6, n - 1] {
+                for len in [1, 2, 7, n - start] {
+                    let len = len.min(n - start);
+                    let mut out = vec![u32::MAX; len];
+                    gather(&x, strides, dims, start, &mut out);
+                    assert_eq!(out, expected[start..start + len], "{dims:?} {strides:?} from {start}, {len}");
+                }
+            }
+        }
     }
 }
