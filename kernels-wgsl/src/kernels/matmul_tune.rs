@@ -12,12 +12,15 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+#[cfg(not(target_arch = "wasm32"))]
 use std::time::Instant;
 
 use kiln_core::{Error, Result};
 
-use crate::params::{words, MatMul};
-use crate::shaders::{Kernel, WG};
+use crate::params::MatMul;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::shaders::Kernel;
+use crate::shaders::WG;
 use crate::WgpuBackend;
 
 /// matmul.wgsl's entry points.
@@ -142,11 +145,17 @@ impl Tuner {
         Ok(pick)
     }
 
+    #[cfg(target_arch = "wasm32")]
+    fn fastest(&self, _: &WgpuBackend, p: &MatMul, _: usize, candidates: &[MatMulKernel]) -> Result<MatMulKernel> {
+        Ok(rule(p.m as usize, p.n as usize, candidates))
+    }
+
     /// The candidate that ran a product of `p`'s class fastest: three
     /// interleaved rounds (the first also pays first-use costs), each
     /// candidate's best time; the fixed rule's pick unless another beat it
     /// by more than 10 % (timings of tiny products are mostly noise, and a
     /// stable pick is a reproducible one).
+    #[cfg(not(target_arch = "wasm32"))]
     fn fastest(
         &self,
         be: &WgpuBackend,
@@ -201,6 +210,7 @@ fn rule(m: usize, n: usize, candidates: &[MatMulKernel]) -> MatMulKernel {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 /// A product of a class's shape, at most 512 x 512 x K_CHUNK (and about
 /// 2^18 outputs over its batches), in buffers of its own: the trial runs
 /// apart from the execution being recorded, whose buffers may still hold
@@ -214,6 +224,7 @@ struct Trial {
     params_buffer: wgpu::Buffer,
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 impl Trial {
     fn new(be: &WgpuBackend, p: &MatMul, batches: usize) -> Trial {
         let m = (p.m as usize).min(512);
@@ -250,7 +261,7 @@ impl Trial {
             })
         };
         let storage = wgpu::BufferUsages::STORAGE;
-        let params_words = words(&params);
+        let params_words = crate::params::words(&params);
         let params_buffer =
             buffer("kiln matmul trial params", params_words.len(), storage | wgpu::BufferUsages::COPY_DST);
         be.ctx().queue.write_buffer(&params_buffer, 0, bytemuck::cast_slice(params_words));
