@@ -163,6 +163,7 @@ impl Kernel {
             Kernel::Chunks => &["combine", "accumulate"],
             Kernel::Random => &["uniform", "normal"],
             Kernel::Rowwise => &["serial", "tree"],
+            Kernel::MatMul => &["tile128", "tile64", "skinny"],
             _ => &["main"],
         }
     }
