@@ -25,6 +25,10 @@ pub struct WgpuOptions {
     /// chunk products (bytes; default 64 MiB). Lower caps reduce the chunks
     /// in flight, not the result: the bits do not depend on it.
     pub max_matmul_scratch_bytes: Option<u64>,
+    /// Run every matrix product whose grid fits it with this kernel instead
+    /// of the one chosen per shape class (for tests and measurements; the
+    /// results are the same bits either way).
+    pub matmul_kernel: Option<crate::MatMulKernel>,
 }
 
 impl Default for WgpuOptions {
@@ -35,6 +39,7 @@ impl Default for WgpuOptions {
             max_storage_buffer_binding_size: None,
             max_buffer_size: None,
             max_matmul_scratch_bytes: None,
+            matmul_kernel: None,
         }
     }
 }

@@ -35,7 +35,7 @@ pub mod shaders;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use kiln_core::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+use kiln_core::backend::{checks, Backend, BackendCounters, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use kiln_core::op::Op;
 use kiln_core::{DType, Error, HostData, Result};
 
@@ -48,6 +48,7 @@ use shaders::Kernel;
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
 pub use context::{parse_backends, AdapterSummary, WgpuOptions};
+pub use kernels::matmul_tune::MatMulKernel;
 /// The wgpu version this crate is built against, for callers that build
 /// `WgpuOptions` (backends, power preference).
 pub use wgpu;
@@ -92,6 +93,8 @@ pub struct WgpuBackend {
     pending: Rc<RefCell<Vec<PendingCheck>>>,
     /// Bytes of chunk products a long-K matrix product may hold at once.
     matmul_scratch_bytes: u64,
+    /// The matmul kernel chosen per shape class.
+    matmul_tuner: kernels::matmul_tune::Tuner,
 }
 
 impl WgpuBackend {
@@ -105,6 +108,7 @@ impl WgpuBackend {
             batch: RefCell::default(),
             pending: Rc::default(),
             matmul_scratch_bytes: options.max_matmul_scratch_bytes.unwrap_or(kernels::matmul::SCRATCH_BYTES),
+            matmul_tuner: kernels::matmul_tune::Tuner::new(options.matmul_kernel),
         })
     }
 
@@ -121,6 +125,20 @@ impl WgpuBackend {
     /// The adapter as `kiln devices` prints it.
     pub fn summary(&self) -> AdapterSummary {
         AdapterSummary::new(&self.ctx.info, &self.ctx.limits)
+    }
+
+    pub(crate) fn matmul_tuner(&self) -> &kernels::matmul_tune::Tuner {
+        &self.matmul_tuner
+    }
+
+    /// The pipeline of `entry` of `kernel`, created at first use.
+    pub(crate) fn pipeline(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        entry: &'static str,
+    ) -> Result<Rc<pipelines::Pipeline>> {
+        self.pipelines.borrow_mut().get(&self.ctx, op, kernel, entry)
     }
 
     pub(crate) fn matmul_scratch_bytes(&self) -> u64 {
@@ -196,7 +214,7 @@ impl WgpuBackend {
                 bindings.push((*binding, res));
             }
         }
-        let pipeline = self.pipelines.borrow_mut().get(&self.ctx, op, kernel, entry)?;
+        let pipeline = self.pipeline(op, kernel, entry)?;
         let mut batch = self.batch.borrow_mut();
         let params = batch.push_params(&self.ctx, params);
         batch.push(Command::Dispatch(Dispatch { pipeline, bindings, params, groups }));
@@ -357,5 +375,14 @@ impl Backend for WgpuBackend {
         // expression for exactly the unary and binary ops `has_kernel` lists
         // (a test below holds them together).
         checks::has_kernel(op, dtype, &[DType::F32, DType::I32, DType::Bool])
+    }
+
+    fn counters(&self) -> BackendCounters {
+        let pipelines = self.pipelines.borrow();
+        BackendCounters {
+            pipelines_compiled: pipelines.compiled,
+            pipeline_cache_hits: pipelines.hits,
+            kernel_trials: self.matmul_tuner.trials(),
+        }
     }
 }

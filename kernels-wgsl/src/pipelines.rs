@@ -31,6 +31,9 @@ pub(crate) struct Pipeline {
 pub(crate) struct Pipelines {
     modules: HashMap<Kernel, wgpu::ShaderModule>,
     pipelines: HashMap<(Kernel, &'static str), Rc<Pipeline>>,
+    /// Pipelines created, and requests the cache answered.
+    pub compiled: usize,
+    pub hits: usize,
     /// Custom kernels the browser refused, with the error to repeat.
     #[cfg(target_arch = "wasm32")]
     refused: HashMap<Kernel, Rc<RefCell<Option<Error>>>>,
@@ -58,6 +61,7 @@ impl Pipelines {
             return Err(e);
         }
         if let Some(p) = self.pipelines.get(&(kernel, entry)) {
+            self.hits += 1;
             return Ok(p.clone());
         }
         #[cfg(target_arch = "wasm32")]
@@ -105,6 +109,7 @@ impl Pipelines {
         ctx.errors.check(op)?;
         let p = Rc::new(Pipeline { pipeline, layout });
         self.pipelines.insert((kernel, entry), p.clone());
+        self.compiled += 1;
         Ok(p)
     }
 }

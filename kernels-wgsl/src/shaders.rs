@@ -14,24 +14,41 @@
 use kiln_core::op::{BinaryOp, CompareOp, CustomOp, Expr, Op, ReduceOp, UnaryOp};
 use kiln_core::DType;
 
-pub const COMMON: &str = include_str!("shaders/common.wgsl");
-pub const SCALAR: &str = include_str!("shaders/scalar.wgsl");
-pub const FILL: &str = include_str!("shaders/fill.wgsl");
-pub const UNARY: &str = include_str!("shaders/unary.wgsl");
-pub const BINARY: &str = include_str!("shaders/binary.wgsl");
-pub const WHERE: &str = include_str!("shaders/where.wgsl");
-pub const CAST: &str = include_str!("shaders/cast.wgsl");
-pub const REDUCE: &str = include_str!("shaders/reduce.wgsl");
-pub const MATMUL: &str = include_str!("shaders/matmul.wgsl");
-pub const CHUNKS: &str = include_str!("shaders/chunks.wgsl");
-pub const MOVEMENT: &str = include_str!("shaders/movement.wgsl");
-pub const INDEX: &str = include_str!("shaders/index.wgsl");
-pub const UPDATE: &str = include_str!("shaders/update.wgsl");
-pub const WINDOW: &str = include_str!("shaders/window.wgsl");
-pub const POOL: &str = include_str!("shaders/pool.wgsl");
-pub const RANDOM: &str = include_str!("shaders/random.wgsl");
-pub const ROWWISE: &str = include_str!("shaders/rowwise.wgsl");
-pub const TRIG: &str = include_str!("shaders/trig.wgsl");
+/// A shader file as the GPU gets it: its `//` comments and blank lines are
+/// left out at compile time (`strip_comments`). The comments are more than
+/// half of the WGSL text and the WGSL was a fifth of the browser package's
+/// gzipped bytes; the files as written stay the documentation. Lines keep
+/// their indentation, which `specialise` relies on (a function ends at a
+/// `}` in column 0).
+macro_rules! wgsl_file {
+    ($path:literal) => {{
+        const TEXT: &[u8] = include_str!($path).as_bytes();
+        const BYTES: [u8; stripped_len(TEXT)] = strip_comments(TEXT);
+        match std::str::from_utf8(&BYTES) {
+            Ok(s) => s,
+            Err(_) => panic!("a WGSL file is not UTF-8 once its comments are out"),
+        }
+    }};
+}
+
+pub const COMMON: &str = wgsl_file!("shaders/common.wgsl");
+pub const SCALAR: &str = wgsl_file!("shaders/scalar.wgsl");
+pub const FILL: &str = wgsl_file!("shaders/fill.wgsl");
+pub const UNARY: &str = wgsl_file!("shaders/unary.wgsl");
+pub const BINARY: &str = wgsl_file!("shaders/binary.wgsl");
+pub const WHERE: &str = wgsl_file!("shaders/where.wgsl");
+pub const CAST: &str = wgsl_file!("shaders/cast.wgsl");
+pub const REDUCE: &str = wgsl_file!("shaders/reduce.wgsl");
+pub const MATMUL: &str = wgsl_file!("shaders/matmul.wgsl");
+pub const CHUNKS: &str = wgsl_file!("shaders/chunks.wgsl");
+pub const MOVEMENT: &str = wgsl_file!("shaders/movement.wgsl");
+pub const INDEX: &str = wgsl_file!("shaders/index.wgsl");
+pub const UPDATE: &str = wgsl_file!("shaders/update.wgsl");
+pub const WINDOW: &str = wgsl_file!("shaders/window.wgsl");
+pub const POOL: &str = wgsl_file!("shaders/pool.wgsl");
+pub const RANDOM: &str = wgsl_file!("shaders/random.wgsl");
+pub const ROWWISE: &str = wgsl_file!("shaders/rowwise.wgsl");
+pub const TRIG: &str = wgsl_file!("shaders/trig.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
 pub const FILES: [(&str, &str); 18] = [
@@ -146,6 +163,7 @@ impl Kernel {
             Kernel::Chunks => &["combine", "accumulate"],
             Kernel::Random => &["uniform", "normal"],
             Kernel::Rowwise => &["serial", "max_leaves", "max_parts", "sum_leaves", "sum_parts", "normalise"],
+            Kernel::MatMul => &["tile128", "tile64", "skinny"],
             _ => &["main"],
         }
     }
@@ -312,9 +330,9 @@ pub fn wgsl_expr(e: &Expr, t: Ty, args: &[&str]) -> String {
     match *e {
         Expr::Arg(k) => args[k as usize].to_string(),
         Expr::Const(c) => constant(c, t),
-        Expr::Unary(op, a) => format!("{}_{ty}({})", op.name().to_lowercase(), wgsl_expr(a, t, args)),
+        Expr::Unary(op, a) => format!("{}_{ty}({})", op.name().to_ascii_lowercase(), wgsl_expr(a, t, args)),
         Expr::Binary(op, a, b) => {
-            format!("{}_{ty}({}, {})", op.name().to_lowercase(), wgsl_expr(a, t, args), wgsl_expr(b, t, args))
+            format!("{}_{ty}({}, {})", op.name().to_ascii_lowercase(), wgsl_expr(a, t, args), wgsl_expr(b, t, args))
         }
         // A bool used as a number: 0 or 1 (as `Value::from_bool`).
         Expr::Compare(..) => format!("select({}, {}, {})", constant(0.0, t), constant(1.0, t), wgsl_cond(e, t, args)),
@@ -467,6 +485,64 @@ pub(crate) fn as_written(name: &str, text: &str) -> String {
         "unary.wgsl" | "binary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{text}"),
         _ => format!("{COMMON}\n{text}"),
     }
+}
+
+/// The lines of `text` (each ending in `\n`) without `//` comments,
+/// trailing blanks and lines that hold nothing else, written into `out`
+/// when it is given; returns the length. WGSL has no string literals, so
+/// every `//` starts a comment. Only ASCII bytes are cut, so UTF-8 stays
+/// valid.
+const fn strip_into(text: &[u8], mut out: Option<&mut [u8]>) -> usize {
+    let mut len = 0;
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = start;
+        while end < text.len() && text[end] != b'\n' {
+            end += 1;
+        }
+        // Code ends at the first `//`, then drop trailing blanks.
+        let mut code_end = start;
+        while code_end < end && !(text[code_end] == b'/' && code_end + 1 < end && text[code_end + 1] == b'/') {
+            code_end += 1;
+        }
+        while code_end > start && matches!(text[code_end - 1], b' ' | b'\t' | b'\r') {
+            code_end -= 1;
+        }
+        let mut blank = true;
+        let mut i = start;
+        while i < code_end {
+            blank &= matches!(text[i], b' ' | b'\t');
+            i += 1;
+        }
+        if !blank {
+            let mut i = start;
+            while i < code_end {
+                if let Some(o) = &mut out {
+                    o[len] = text[i];
+                }
+                len += 1;
+                i += 1;
+            }
+            if let Some(o) = &mut out {
+                o[len] = b'\n';
+            }
+            len += 1;
+        }
+        start = end + 1;
+    }
+    len
+}
+
+/// Bytes `strip_comments` keeps of `text`.
+const fn stripped_len(text: &[u8]) -> usize {
+    strip_into(text, None)
+}
+
+/// `text` without its comments (see `strip_into`); `N` is `stripped_len(text)`.
+const fn strip_comments<const N: usize>(text: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    strip_into(text, Some(&mut out));
+    out
 }
 
 #[cfg(test)]
@@ -634,6 +710,30 @@ mod tests {
         );
         let missing = std::panic::catch_unwind(|| specialise(file, &["fn nope() {\n}".to_string()]));
         assert!(missing.is_err());
+    }
+
+    #[test]
+    fn comments_and_blank_lines_are_left_out_at_compile_time() {
+        const TEXT: &[u8] =
+            b"// header\n\nalias T = f32; // why\n\nfn op(v: T) -> T {\n    // note\n    return v;   \n}\n// tail";
+        const OUT: [u8; stripped_len(TEXT)] = strip_comments(TEXT);
+        assert_eq!(std::str::from_utf8(&OUT).unwrap(), "alias T = f32;\nfn op(v: T) -> T {\n    return v;\n}\n");
+        // The files as built: no comment left, and every line of code of
+        // the file as written is there, in order.
+        let written = [
+            ("common.wgsl", include_str!("shaders/common.wgsl")),
+            ("reduce.wgsl", include_str!("shaders/reduce.wgsl")),
+        ];
+        for (name, text) in written {
+            let built = FILES.iter().find(|(n, _)| *n == name).unwrap().1;
+            assert!(!built.contains("//") && built.len() < text.len() * 3 / 4, "{name}");
+            let code: Vec<&str> = text
+                .lines()
+                .map(|l| l.split("//").next().unwrap().trim_end())
+                .filter(|l| !l.trim().is_empty())
+                .collect();
+            assert_eq!(built.lines().collect::<Vec<_>>(), code, "{name}");
+        }
     }
 
     /// No file reads parameters by number any more (`p[k]` words).

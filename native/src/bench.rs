@@ -59,6 +59,12 @@ pub struct StepCounters {
     /// The most device bytes live during the counted steps (parameters,
     /// gradients and optimizer state included).
     pub peak_device_bytes: usize,
+    /// Pipelines compiled (wgpu; 0 on the CPU) and pipeline-cache hits per
+    /// step, and timed kernel trials (the wgpu matmul's choice per shape
+    /// class) per step: after warm-up, compilations and trials should be 0.
+    pub pipelines_compiled_per_step: f64,
+    pub pipeline_cache_hits_per_step: f64,
+    pub kernel_trials_per_step: f64,
     /// Host heap allocations and bytes per step (graph nodes, call records,
     /// kernel scratch); None without the counting allocator.
     pub host_allocations_per_step: Option<f64>,
@@ -75,7 +81,8 @@ impl StepCounters {
         format!(
             "kernels_per_step={:.1} concurrent_kernels_per_step={:.1} fused_groups_per_step={:.1} \
              fused_nodes_per_step={:.1} plans_reused_per_step={:.1} plans_built_per_step={:.1} \
-             device_bytes_allocated_per_step={:.0} peak_device_mib={:.2} {host}",
+             device_bytes_allocated_per_step={:.0} peak_device_mib={:.2} pipelines_compiled_per_step={:.1} \
+             pipeline_cache_hits_per_step={:.1} kernel_trials_per_step={:.1} {host}",
             self.kernels_per_step,
             self.concurrent_kernels_per_step,
             self.fused_groups_per_step,
@@ -84,6 +91,9 @@ impl StepCounters {
             self.plans_built_per_step,
             self.device_bytes_allocated_per_step,
             self.peak_device_bytes as f64 / (1024.0 * 1024.0),
+            self.pipelines_compiled_per_step,
+            self.pipeline_cache_hits_per_step,
+            self.kernel_trials_per_step,
         )
     }
 }
@@ -100,13 +110,13 @@ pub fn step_counters(
     for _ in 0..warmup {
         step()?;
     }
-    let (exec, pool) = (device.exec_stats(), device.stats());
+    let (exec, pool, backend) = (device.exec_stats(), device.stats(), device.backend().counters());
     let host = host_heap::counts();
     device.reset_peak();
     for _ in 0..counted {
         step()?;
     }
-    let (exec2, pool2) = (device.exec_stats(), device.stats());
+    let (exec2, pool2, backend2) = (device.exec_stats(), device.stats(), device.backend().counters());
     let host2 = host_heap::counts();
     let per = |a: usize, b: usize| (b - a) as f64 / counted.max(1) as f64;
     let host_per = |f: fn((u64, u64)) -> u64| match (host, host2) {
@@ -121,6 +131,9 @@ pub fn step_counters(
         plans_reused_per_step: per(exec.plans_reused, exec2.plans_reused),
         plans_built_per_step: per(exec.plans_built, exec2.plans_built),
         device_bytes_allocated_per_step: per(pool.backend_allocated_bytes, pool2.backend_allocated_bytes),
+        pipelines_compiled_per_step: per(backend.pipelines_compiled, backend2.pipelines_compiled),
+        pipeline_cache_hits_per_step: per(backend.pipeline_cache_hits, backend2.pipeline_cache_hits),
+        kernel_trials_per_step: per(backend.kernel_trials, backend2.kernel_trials),
         peak_device_bytes: pool2.peak_live_bytes,
         host_allocations_per_step: host_per(|c| c.0),
         host_bytes_per_step: host_per(|c| c.1),

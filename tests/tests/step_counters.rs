@@ -4,6 +4,8 @@
 //! calls each step; a workload whose shapes keep changing is seen
 //! allocating, so the zero is a measurement, not a constant.
 
+mod common;
+
 use kiln::bench::{step_counters, training_step};
 use kiln::nn::{Activation, Sequential};
 use kiln::{Blocking, Device, Graph};
@@ -57,4 +59,27 @@ fn steps_with_new_shapes_are_counted_allocating() {
     assert_eq!(counters.kernels_per_step, expected, "{counters:?}");
     // No counting allocator in the test binary: host counts are unknown.
     assert_eq!(counters.host_bytes_per_step, None);
+}
+
+/// On wgpu (lavapipe on CI), a warmed-up training step compiles no
+/// pipeline and times no kernel: every pipeline, and the matmul kernel of
+/// every shape class, comes from the backend's caches, which the counters
+/// show answering. Small shapes: the driver is slow.
+#[test]
+fn warmed_up_wgpu_steps_compile_no_pipelines() {
+    let Some(device) = common::vulkan_device("the wgpu step counters") else { return };
+    let model = Sequential::mlp(&device, &[784, 32, 10], Activation::Relu, 1).unwrap();
+    let mut step = training_step(&device, &model, 8, 2).unwrap();
+    let first = step_counters(&device, 0, 1, &mut step).unwrap();
+    assert!(first.pipelines_compiled_per_step >= 5.0, "the first step compiles its kernels: {first:?}");
+    let warm = step_counters(&device, 1, 2, &mut step).unwrap();
+    assert_eq!(warm.pipelines_compiled_per_step, 0.0, "{warm:?}");
+    assert_eq!(warm.kernel_trials_per_step, 0.0, "{warm:?}");
+    assert!(warm.pipeline_cache_hits_per_step >= 10.0, "{warm:?}");
+    // The CPU compiles nothing, ever.
+    let cpu = Device::cpu();
+    let cpu_model = Sequential::mlp(&cpu, &[784, 32, 10], Activation::Relu, 1).unwrap();
+    let mut cpu_step = training_step(&cpu, &cpu_model, 8, 2).unwrap();
+    let c = step_counters(&cpu, 0, 1, &mut cpu_step).unwrap();
+    assert_eq!((c.pipelines_compiled_per_step, c.pipeline_cache_hits_per_step), (0.0, 0.0), "{c:?}");
 }

@@ -383,6 +383,55 @@ fn matmul_forward_and_backward() {
     });
 }
 
+/// (values, dims, transposed) x (values, dims, transposed) in `g`.
+fn product<'g>(
+    g: &'g Graph,
+    (a, ad, ta): (&[f32], &[usize], bool),
+    (b, bd, tb): (&[f32], &[usize], bool),
+) -> kiln::Result<Tensor<'g>> {
+    g.tensor_from(a, ad)?.matmul_t(g.tensor_from(b, bd)?, ta, tb)
+}
+
+/// Each of matmul.wgsl's kernels, forced for every product, against the
+/// CPU: ragged edges of both tiles (130 x 135), matrix-vector products
+/// both ways, broadcast batches, transposed operands and a K split into
+/// chunks (1100 > K_CHUNK). The kernels sum in one order, so they also agree
+/// with each other exactly (== also equates the zeros the tiles' padding may
+/// sign differently).
+#[test]
+fn every_matmul_kernel_matches_the_cpu_and_the_others() {
+    let shapes: [(&[usize], &[usize], bool, bool); 7] = [
+        (&[130, 20], &[20, 135], false, false),
+        (&[20, 130], &[135, 20], true, true),
+        (&[1, 300], &[300, 70], false, false),
+        (&[70, 300], &[300, 1], false, false),
+        (&[3, 1, 9, 17], &[2, 17, 66], false, false),
+        (&[5, 1100], &[3, 1100], false, true),
+        (&[66, 9], &[9, 129], false, false),
+    ];
+    let mut first: Vec<Vec<f32>> = Vec::new();
+    for kernel in kiln_wgsl::MatMulKernel::ALL {
+        let options = WgpuOptions { matmul_kernel: Some(kernel), ..WgpuOptions::default() };
+        let Some(wg) = wgpu_device_with(options) else { return };
+        for (i, &(ad, bd, ta, tb)) in shapes.iter().enumerate() {
+            let (a, b) = (
+                rand(ad.iter().product(), 60 + i as u64, -1.0, 1.0),
+                rand(bd.iter().product(), 80 + i as u64, -1.0, 1.0),
+            );
+            let what = format!("{kernel:?} on {ad:?} x {bd:?} ({ta}, {tb})");
+            forward(&wg, &what, SUMS, |g| Ok(vec![product(g, (&a, ad, ta), (&b, bd, tb))?]));
+            let g = Graph::new(&wg);
+            let got = product(&g, (&a, ad, ta), (&b, bd, tb))
+                .and_then(|c| c.to_vec_blocking::<f32>())
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            match first.get(i) {
+                None => first.push(got),
+                Some(want) => assert!(got == *want, "{what} differs from {:?}'s bits", kiln_wgsl::MatMulKernel::ALL[0]),
+            }
+        }
+    }
+}
+
 #[test]
 fn movement_forward_and_backward() {
     let Some(wg) = wgpu_device() else { return };

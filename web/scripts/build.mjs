@@ -137,10 +137,41 @@ async function loadCheckpoint(source, into) {
 fs.copyFileSync(path.join(web, '..', 'core', 'data', 'digits.csv.gz'), path.join(pkg, 'web', 'digits.csv.gz'));
 const digitsDoc = (source) => `/**
  * The 1,797 UCI 8x8 handwritten digits (CC BY 4.0) from the package's
- * web/digits.csv.gz (or from source: ${source} or the bytes), shuffled
+ * web/digits.csv.gz (or from source: ${source} or the bytes, gzipped or
+ * not), shuffled
  * with seed and split; resolves to { train, test }.
  */`;
-const digitsWeb = `${digitsDoc('a URL')}
+// Gzipped bytes are inflated here, with the platform's DecompressionStream
+// (browsers, Node.js >= 18): the wasm has no inflater (kiln-core without its
+// \`gzip\` feature), and digitsFromBytes takes the CSV's plain bytes.
+const inflateDigits = `const MAX_DIGITS_CSV = 64 << 20;
+async function inflateDigits(bytes) {
+  if (bytes.length < 2 || bytes[0] !== 0x1f || bytes[1] !== 0x8b) return bytes;
+  const parts = [];
+  let total = 0;
+  try {
+    const reader = new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip')).getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      total += value.length;
+      if (total > MAX_DIGITS_CSV) {
+        await reader.cancel();
+        throw new KilnError('Io', 'loadDigits', 'loadDigits: the digits CSV inflates to more than ' + MAX_DIGITS_CSV + ' bytes');
+      }
+      parts.push(value);
+    }
+  } catch (e) {
+    if (e instanceof KilnError) throw e;
+    throw new KilnError('Io', 'loadDigits', 'loadDigits: the gzip data is corrupt or truncated (' + e.message + ')');
+  }
+  const out = new Uint8Array(total);
+  let at = 0;
+  for (const p of parts) { out.set(p, at); at += p.length; }
+  return out;
+}`;
+const digitsWeb = `${inflateDigits}
+${digitsDoc('a URL')}
 export async function loadDigits(testFraction, seed, source) {
   let bytes = source;
   if (!(bytes instanceof Uint8Array)) {
@@ -149,13 +180,14 @@ export async function loadDigits(testFraction, seed, source) {
     if (!response.ok) throw new KilnError('Io', 'loadDigits', 'loadDigits: fetching ' + url + ' gave HTTP ' + response.status);
     bytes = new Uint8Array(await response.arrayBuffer());
   }
-  return digitsFromBytes(bytes, testFraction, seed);
+  return digitsFromBytes(await inflateDigits(bytes), testFraction, seed);
 }`;
-const digitsNode = `${digitsDoc('a file path or URL')}
+const digitsNode = `${inflateDigits}
+${digitsDoc('a file path or URL')}
 export async function loadDigits(testFraction, seed, source) {
   const bytes = source instanceof Uint8Array ? source
     : new Uint8Array(nodeFs.readFileSync(source ?? new URL('./web/digits.csv.gz', import.meta.url)));
-  return glue.digitsFromBytes(bytes, testFraction, seed);
+  return glue.digitsFromBytes(await inflateDigits(bytes), testFraction, seed);
 }`;
 // checkCustomOp: kiln's Rust check_custom_op for ops registered from JS,
 // written with the public API (it needs a CPU Kiln: \`KilnClass\` is bound by

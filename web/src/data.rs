@@ -96,8 +96,10 @@ extern "C" {
 }
 
 /// The 1,797 UCI 8x8 handwritten digits (CC BY 4.0) from the bytes of
-/// their CSV (gzipped or not; the package ships `web/digits.csv.gz`, which
-/// `loadDigits` loads for you), shuffled with `seed` (default 42) and split
+/// their CSV (plain text: the wasm has no inflater; the package ships
+/// `web/digits.csv.gz`, which `loadDigits` loads and inflates for you, and
+/// `loadDigits(testFraction, seed, bytes)` takes gzipped bytes too),
+/// shuffled with `seed` (default 42) and split
 /// so that round(1797 × testFraction) samples (default 0.2) form the test
 /// set. Pixels are the dataset's 0–16 counts divided by 16.
 #[wasm_bindgen(js_name = digitsFromBytes)]

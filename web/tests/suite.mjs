@@ -413,6 +413,20 @@ export const tests = [
     throws(() => kiln.conv2d(3, 4, 3, { groups: 2 }), (e) => assert(/divisible by groups/.test(e.message), e.message), 'bad groups');
     opt.free(); model.free(); emb.free(); attn.free(); block.free(); g.free();
   }],
+  ['digits: loadDigits inflates gzipped bytes; digitsFromBytes takes the plain CSV', async (k) => {
+    const csv = Array.from({ length: 10 }, (_, i) => [...Array(64).fill(i % 17), i % 10].join(',')).join('\n');
+    const plain = new TextEncoder().encode(csv);
+    const gz = new Uint8Array(await new Response(new Blob([plain]).stream().pipeThrough(new CompressionStream('gzip'))).arrayBuffer());
+    const a = await k.loadDigits(0.2, 1, gz);
+    const b = k.digitsFromBytes(plain, 0.2, 1);
+    assert(a.train.length === 8 && a.test.length === 2 && b.train.length === 8, 'split of 10 samples');
+    allClose(a.train.images, b.train.images, 0, 'gzipped and plain bytes give the same images');
+    allClose(a.test.labels, b.test.labels, 0, 'and labels');
+    throws(() => k.digitsFromBytes(gz, 0.2, 1), (e) => assert(e.kind === 'Unsupported' && /gzip/.test(e.message), e.message), 'gzip to digitsFromBytes');
+    await rejects(k.loadDigits(0.2, 1, gz.subarray(0, gz.length - 12)),
+      (e) => assert(e instanceof k.KilnError && e.kind === 'Io' && /corrupt or truncated/.test(e.message), e.message), 'truncated gzip');
+    for (const d of [a.train, a.test, b.train, b.test]) d.free();
+  }],
   ['an MLP learns the embedded digits with Adam', async (k, env, kiln) => {
     const { train, test } = await k.loadDigits(0.2, 42);
     assert(train.length === 1438 && test.length === 359 && train.features === 64 && train.classes === 10, 'digits split');

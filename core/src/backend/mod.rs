@@ -118,6 +118,20 @@ pub struct FusedCall<'a> {
     pub plan_id: Option<u64>,
 }
 
+/// What a backend compiled and measured to run kernels, counted since it
+/// was created (`kiln bench` reports them per step: a warmed-up step should
+/// compile nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendCounters {
+    /// Compute pipelines created (wgpu: a WGSL entry point compiled).
+    pub pipelines_compiled: usize,
+    /// Pipeline requests answered by the backend's cache.
+    pub pipeline_cache_hits: usize,
+    /// Timed kernel trials (wgpu: matmul kernels raced at the first product
+    /// of each shape class).
+    pub kernel_trials: usize,
+}
+
 pub trait Backend {
     /// Human-readable description, e.g. "cpu (rayon, 2 threads)".
     fn name(&self) -> String;
@@ -179,4 +193,9 @@ pub trait Backend {
     /// Whether this backend has a kernel for `op` on `dtype` (the coverage
     /// report and the parity tests ask this).
     fn supports(&self, op: &Op, dtype: DType) -> bool;
+    /// Compilations and trials so far (zeros for a backend that has none:
+    /// the CPU's kernels are compiled with kiln).
+    fn counters(&self) -> BackendCounters {
+        BackendCounters::default()
+    }
 }

@@ -69,7 +69,10 @@ const OP: &str = "read_idx";
 fn decode(mut reader: impl BufRead, what: &str, size: Option<u64>) -> Result<IdxArray> {
     let start = reader.fill_buf().map_err(|e| Error::io(OP, format!("cannot read {what}: {e}")))?;
     if start.starts_with(&GZIP_MAGIC) {
-        decode_stream(flate2::bufread::MultiGzDecoder::new(reader), what, None)
+        #[cfg(feature = "gzip")]
+        return decode_stream(flate2::bufread::MultiGzDecoder::new(reader), what, None);
+        #[cfg(not(feature = "gzip"))]
+        return Err(super::gzip_unsupported(OP, what));
     } else {
         decode_stream(reader, what, size)
     }

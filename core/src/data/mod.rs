@@ -41,7 +41,6 @@ pub mod digits;
 pub mod idx;
 
 use std::borrow::Cow;
-use std::io::Read;
 use std::ops::Range;
 
 use crate::error::{Error, Result};
@@ -209,6 +208,12 @@ fn maybe_gunzip<'a>(bytes: &'a [u8], op: &'static str, what: &str, limit: u64) -
     if !bytes.starts_with(&GZIP_MAGIC) {
         return Ok(Cow::Borrowed(bytes));
     }
+    gunzip(bytes, op, what, limit).map(Cow::Owned)
+}
+
+#[cfg(feature = "gzip")]
+fn gunzip(bytes: &[u8], op: &'static str, what: &str, limit: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
     let mut out = Vec::new();
     flate2::read::MultiGzDecoder::new(bytes)
         .take(limit + 1)
@@ -217,7 +222,23 @@ fn maybe_gunzip<'a>(bytes: &'a [u8], op: &'static str, what: &str, limit: u64) -
     if out.len() as u64 > limit {
         return Err(Error::io(op, format!("{what}: inflates to more than {limit} bytes")));
     }
-    Ok(Cow::Owned(out))
+    Ok(out)
+}
+
+/// Without the `gzip` feature (the browser package leaves flate2 out: its
+/// inflater and CRC table were ~12 KB of the gzipped download).
+#[cfg(not(feature = "gzip"))]
+fn gunzip(_: &[u8], op: &'static str, what: &str, _: u64) -> Result<Vec<u8>> {
+    Err(gzip_unsupported(op, what))
+}
+
+/// The error for gzipped input to a build without the `gzip` feature.
+#[cfg(not(feature = "gzip"))]
+fn gzip_unsupported(op: &'static str, what: &str) -> Error {
+    Error::unsupported(
+        op,
+        format!("{what} is gzip-compressed and this build of kiln-core has no gzip support (feature `gzip`): decompress it first"),
+    )
 }
 
 #[cfg(test)]

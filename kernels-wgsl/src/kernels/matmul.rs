@@ -1,7 +1,8 @@
 //! Launches matmul.wgsl: operand geometry (transposes as strides, broadcast
-//! batch axes) computed on the host, batches over the z limit split into
-//! several dispatches, K above `K_CHUNK` split into chunks whose products are
-//! combined by the summation rule's tree (docs/reductions.md).
+//! batch axes) computed on the host, the entry point chosen per shape class
+//! (`matmul_tune`), batches over the z limit split into several dispatches,
+//! K above `K_CHUNK` split into chunks whose products are combined by the
+//! summation rule's tree (docs/reductions.md).
 
 use kiln_core::backend::checks::MatMulGeometry;
 use kiln_core::backend::{BufferId, TensorRef};
@@ -14,9 +15,9 @@ use crate::params::{words, Chunks, MatMul};
 use crate::shaders::{Kernel, MAX_DIMS};
 use crate::{Arg, WgpuBackend};
 
+use super::matmul_tune::MatMulKernel;
+
 const OP: &str = "MatMul";
-/// Output tile edge of one workgroup (TILE in matmul.wgsl).
-const TILE: usize = 64;
 /// Longest run of k one invocation sums (as the CPU's K_CHUNK: 8 leaves of
 /// the rule). Longer K is split into chunks of this many.
 pub(crate) const K_CHUNK: usize = 1024;
@@ -71,15 +72,13 @@ pub(crate) fn matmul(
         params.a_batch[d] = word(OP, cs[0][d])?;
         params.b_batch[d] = word(OP, cs[1][d])?;
     }
-    let gx = word(OP, n.div_ceil(TILE))?;
-    let gy = word(OP, m.div_ceil(TILE))?;
+    let kernel = be.matmul_tuner().choose(be, &params, batches)?;
+    let (gx, gy) = kernel.grid(m, n);
+    let (gx, gy) = (word(OP, gx)?, word(OP, gy)?);
     let max_z = be.ctx().limits.max_compute_workgroups_per_dimension.max(1) as usize;
-    if gx as usize > max_z || gy as usize > max_z {
-        return Err(Error::unsupported(OP, format!("{m} x {n} outputs exceed this adapter's dispatch grid")));
-    }
     let chunks = k.div_ceil(K_CHUNK);
     params.chunk = word(OP, if chunks <= 1 { k.max(1) } else { K_CHUNK })?;
-    let products = Products { be, params, grid: (gx, gy, max_z), batches, a, b };
+    let products = Products { be, params, kernel, grid: (gx, gy, max_z), batches, a, b };
     if chunks <= 1 {
         return products.launch_chunks(0, 1, Dest::Out(out), 0);
     }
@@ -147,6 +146,7 @@ impl Dest<'_, '_> {
 struct Products<'a, 'b> {
     be: &'a WgpuBackend,
     params: MatMul,
+    kernel: MatMulKernel,
     /// Workgroups along x and y, and the adapter's z limit.
     grid: (u32, u32, usize),
     batches: usize,
@@ -155,7 +155,7 @@ struct Products<'a, 'b> {
 }
 
 impl Products<'_, '_> {
-    /// Dispatch `main` for chunks first .. first + count of every batch,
+    /// Dispatch the chosen kernel for chunks first .. first + count of every batch,
     /// chunk c's products at c * stride of `dest`.
     fn launch_chunks(&self, first: usize, count: usize, dest: Dest<'_, '_>, stride: usize) -> Result<()> {
         let mut params = self.params;
@@ -171,7 +171,7 @@ impl Products<'_, '_> {
             let n = (self.batches - batch).min(per_dispatch);
             params.first_batch = word(OP, batch)?;
             let z = word(OP, n * count)?;
-            self.be.launch(OP, Kernel::MatMul, "main", &args, words(&params), [gx, gy, z])?;
+            self.be.launch(OP, Kernel::MatMul, self.kernel.entry(), &args, words(&params), [gx, gy, z])?;
             batch += n;
         }
         Ok(())

@@ -7,6 +7,7 @@ pub(crate) mod custom;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod matmul;
+pub(crate) mod matmul_tune;
 pub(crate) mod movement;
 pub(crate) mod pool;
 pub(crate) mod random;

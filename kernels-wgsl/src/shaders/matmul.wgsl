@@ -10,20 +10,35 @@
 // of this dispatch, `chunks` K chunks per dispatch, `chunk_stride` the
 // distance in `out` between the products of consecutive chunks.
 //
-// Entry point `main`: SIDE x SIDE (= WG) threads computing a 64 x 64 output
-// tile, 4 x 4 outputs per thread, over one chunk of K (at most K_CHUNK =
-// 1024 values, the host's constant): A and B advance through the chunk in
-// 16-wide slabs staged in workgroup memory, each output summed in
-// increasing k. Launch: (ceil(N / 64), ceil(M / 64), batches x chunks), z =
-// batch b of this dispatch, chunk c as b `chunks` + c; the host splits more
-// than the z limit into several dispatches (`first_batch`, `first_chunk`).
-// With K in one chunk the product goes straight to `out`; otherwise chunk
-// c's product lands at c `chunk_stride` + (its place in the output) of a
+// Entry points, one per shape class (the host picks one per product; see
+// kernels/matmul.rs):
+// - `tile128`: 16 x 16 threads compute a 128 x 128 output tile, 8 x 8
+//   outputs per thread (two 4-row by two 4-column blocks, so that a thread
+//   reads its operands as four vec4s per k), A and B staged through
+//   workgroup memory in slabs of KT = 16 k.
+// - `tile64`: the same with a 64 x 64 tile, 4 x 4 outputs per thread (two
+//   vec4 reads per k): more workgroups for middle-sized products.
+// - `skinny`: one output per thread, no workgroup memory: products with a
+//   tiny M or N (matrix-vector), where a tile would leave most threads idle.
+// Register blocks: on a software adapter (lavapipe runs each invocation as
+// one SIMD lane and loads per lane), a thread's loads per multiply-add set
+// the speed; on a GPU the same blocking saves workgroup-memory bandwidth.
+//
+// Launch: tile kernels (ceil(N / T), ceil(M / T), batches x chunks) with T
+// the tile edge; `skinny` (ceil(M N / WG), 1, batches x chunks). z = batch
+// b of this dispatch, chunk c as b `chunks` + c; the host splits more than
+// the z limit into several dispatches (`first_batch`, `first_chunk`). With
+// K in one chunk the product goes straight to `out`; otherwise chunk c's
+// product lands at c `chunk_stride` + (its place in the output) of a
 // scratch buffer, and chunks.wgsl combines the chunk products.
 //
-// No invocation loops over more than K_CHUNK values of k and nothing uses
-// atomics: results repeat bit for bit, and do not depend on how the host
-// split the chunks into dispatches.
+// Every entry point sums each output in increasing k from 0, one product
+// at a time (`acc += a * b`), over at most K_CHUNK = 1024 values of k (the
+// host's constant; lavapipe stops loops after 65,535 iterations), and
+// nothing uses atomics: results repeat bit for bit, do not depend on how
+// the host split the chunks into dispatches, and the entry points agree
+// with each other (the tiles add zeros for k past the chunk's end, which
+// leaves a sum unchanged except for the sign of an all-zero sum).
 
 struct MatMul {
     m: u32,
@@ -49,25 +64,32 @@ struct MatMul {
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-const TILE: u32 = 64u;
+// k values per slab staged in workgroup memory.
 const KT: u32 = 16u;
-// The workgroup is SIDE x SIDE threads, WG in all, each computing 4 x 4
-// outputs of the tile.
-const SIDE: u32 = 16u;
+// vec4 slots along the 128-wide edge of a `tile128` slab; `tile64` uses
+// the first 16.
+const SLOTS: u32 = 32u;
 
-var<workgroup> sa: array<array<f32, TILE>, KT>;
-var<workgroup> sb: array<array<f32, TILE>, KT>;
+// The staged slabs: slab_a[k][q] holds rows 4q .. 4q + 3 of the tile at
+// k, slab_b[k][q] columns 4q .. 4q + 3 (16 KiB together, WebGPU's
+// guaranteed workgroup storage).
+var<workgroup> slab_a: array<array<vec4<f32>, SLOTS>, KT>;
+var<workgroup> slab_b: array<array<vec4<f32>, SLOTS>, KT>;
 
-@compute @workgroup_size(SIDE, SIDE)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let m = params.m;
-    let n = params.n;
-    let k = params.k;
-    let batch = params.first_batch + wid.z / params.chunks;
-    let slot = wid.z % params.chunks;
+// What a workgroup (or a skinny thread) works on: its batch's offsets into
+// a and b, its output's offset, and its chunk's k range.
+struct Job {
+    oa: u32,
+    ob: u32,
+    out: u32,
+    k_begin: u32,
+    k_end: u32,
+}
+
+fn job_of(z: u32) -> Job {
+    let batch = params.first_batch + z / params.chunks;
+    let slot = z % params.chunks;
     let k_begin = (params.first_chunk + slot) * params.chunk;
-    let k_end = min(k_begin + params.chunk, k);
-
     var rem = batch;
     var oa = 0u;
     var ob = 0u;
@@ -78,61 +100,183 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         oa += j * params.a_batch[d - 1u];
         ob += j * params.b_batch[d - 1u];
     }
+    let out_at = slot * params.chunk_stride + batch * params.m * params.n;
+    return Job(oa, ob, out_at, k_begin, min(k_begin + params.chunk, params.k));
+}
 
-    let row0 = wid.y * TILE;
-    let col0 = wid.x * TILE;
-    let t = lid.y * SIDE + lid.x;
-    let computes = row0 + lid.y * 4u < m && col0 + lid.x * 4u < n;
-    var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        acc[i] = vec4<f32>(0.0);
+// A[row][kk] of this job, 0 outside the matrix or the chunk.
+fn a_at(job: Job, row: u32, kk: u32) -> f32 {
+    if (row < params.m && kk < job.k_end) {
+        return a[job.oa + row * params.a_row + kk * params.a_col];
     }
+    return 0.0;
+}
 
-    for (var k0 = k_begin; k0 < k_end; k0 = k0 + KT) {
-        for (var l = 0u; l < 4u; l = l + 1u) {
-            let e = t + l * WG;
-            // A slab: 64 rows x 16 k, consecutive threads along k.
-            let r = e / KT;
-            let ka = e % KT;
-            var va = 0.0;
-            if (row0 + r < m && k0 + ka < k_end) {
-                va = a[oa + (row0 + r) * params.a_row + (k0 + ka) * params.a_col];
-            }
-            sa[ka][r] = va;
-            // B slab: 16 k x 64 columns, consecutive threads along columns.
-            let kb = e / TILE;
-            let c = e % TILE;
-            var vb = 0.0;
-            if (k0 + kb < k_end && col0 + c < n) {
-                vb = b[ob + (k0 + kb) * params.b_row + (col0 + c) * params.b_col];
-            }
-            sb[kb][c] = vb;
+// B[kk][col] of this job, 0 outside the matrix or the chunk.
+fn b_at(job: Job, kk: u32, col: u32) -> f32 {
+    if (kk < job.k_end && col < params.n) {
+        return b[job.ob + kk * params.b_row + col * params.b_col];
+    }
+    return 0.0;
+}
+
+// Rows row .. row + 3 of A at kk, as one slab slot.
+fn a_rows(job: Job, row: u32, kk: u32) -> vec4<f32> {
+    return vec4<f32>(a_at(job, row, kk), a_at(job, row + 1u, kk), a_at(job, row + 2u, kk), a_at(job, row + 3u, kk));
+}
+
+// Columns col .. col + 3 of B at kk, as one slab slot.
+fn b_cols(job: Job, kk: u32, col: u32) -> vec4<f32> {
+    return vec4<f32>(b_at(job, kk, col), b_at(job, kk, col + 1u), b_at(job, kk, col + 2u), b_at(job, kk, col + 3u));
+}
+
+// Output row `row`, columns col .. col + 3, where they exist.
+fn store4(job: Job, row: u32, col: u32, v: vec4<f32>) {
+    let n = params.n;
+    if (row >= params.m) {
+        return;
+    }
+    let at = job.out + row * n + col;
+    if (col + 3u < n) {
+        out[at] = v.x;
+        out[at + 1u] = v.y;
+        out[at + 2u] = v.z;
+        out[at + 3u] = v.w;
+        return;
+    }
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        if (col + j < n) {
+            out[at + j] = v[j];
+        }
+    }
+}
+
+@compute @workgroup_size(16, 16)
+fn tile128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let job = job_of(wid.z);
+    let row0 = wid.y * 128u;
+    let col0 = wid.x * 128u;
+    let t = lid.y * 16u + lid.x;
+    // Row blocks lid.y and lid.y + 16 of four rows, column blocks lid.x and
+    // lid.x + 16 of four columns: c<row><block>.
+    var c0l = vec4<f32>(0.0);
+    var c0r = vec4<f32>(0.0);
+    var c1l = vec4<f32>(0.0);
+    var c1r = vec4<f32>(0.0);
+    var c2l = vec4<f32>(0.0);
+    var c2r = vec4<f32>(0.0);
+    var c3l = vec4<f32>(0.0);
+    var c3r = vec4<f32>(0.0);
+    var c4l = vec4<f32>(0.0);
+    var c4r = vec4<f32>(0.0);
+    var c5l = vec4<f32>(0.0);
+    var c5r = vec4<f32>(0.0);
+    var c6l = vec4<f32>(0.0);
+    var c6r = vec4<f32>(0.0);
+    var c7l = vec4<f32>(0.0);
+    var c7r = vec4<f32>(0.0);
+    for (var k0 = job.k_begin; k0 < job.k_end; k0 = k0 + KT) {
+        // 512 slots of A and of B, two of each per thread; consecutive
+        // threads read consecutive k of A and consecutive columns of B.
+        for (var l = 0u; l < 2u; l = l + 1u) {
+            let s = t + l * WG;
+            slab_a[s % KT][s / KT] = a_rows(job, row0 + (s / KT) * 4u, k0 + s % KT);
+            slab_b[s / SLOTS][s % SLOTS] = b_cols(job, k0 + s / SLOTS, col0 + (s % SLOTS) * 4u);
         }
         workgroupBarrier();
-        // Threads whose 4 x 4 block lies wholly outside the output only help
-        // load (skinny products: [1, K] x [K, 1] uses one thread of WG).
-        if (computes) {
-            for (var kk = 0u; kk < KT; kk = kk + 1u) {
-                let bv = vec4<f32>(sb[kk][lid.x * 4u], sb[kk][lid.x * 4u + 1u], sb[kk][lid.x * 4u + 2u],
-                                   sb[kk][lid.x * 4u + 3u]);
-                for (var i = 0u; i < 4u; i = i + 1u) {
-                    acc[i] += sa[kk][lid.y * 4u + i] * bv;
-                }
-            }
+        for (var kk = 0u; kk < KT; kk = kk + 1u) {
+            let a0 = slab_a[kk][lid.y];
+            let a1 = slab_a[kk][lid.y + 16u];
+            let b0 = slab_b[kk][lid.x];
+            let b1 = slab_b[kk][lid.x + 16u];
+            c0l += a0.x * b0;
+            c0r += a0.x * b1;
+            c1l += a0.y * b0;
+            c1r += a0.y * b1;
+            c2l += a0.z * b0;
+            c2r += a0.z * b1;
+            c3l += a0.w * b0;
+            c3r += a0.w * b1;
+            c4l += a1.x * b0;
+            c4r += a1.x * b1;
+            c5l += a1.y * b0;
+            c5r += a1.y * b1;
+            c6l += a1.z * b0;
+            c6r += a1.z * b1;
+            c7l += a1.w * b0;
+            c7r += a1.w * b1;
         }
         workgroupBarrier();
     }
+    let r0 = row0 + lid.y * 4u;
+    let r1 = r0 + 64u;
+    let cl = col0 + lid.x * 4u;
+    let cr = cl + 64u;
+    store4(job, r0, cl, c0l);
+    store4(job, r0, cr, c0r);
+    store4(job, r0 + 1u, cl, c1l);
+    store4(job, r0 + 1u, cr, c1r);
+    store4(job, r0 + 2u, cl, c2l);
+    store4(job, r0 + 2u, cr, c2r);
+    store4(job, r0 + 3u, cl, c3l);
+    store4(job, r0 + 3u, cr, c3r);
+    store4(job, r1, cl, c4l);
+    store4(job, r1, cr, c4r);
+    store4(job, r1 + 1u, cl, c5l);
+    store4(job, r1 + 1u, cr, c5r);
+    store4(job, r1 + 2u, cl, c6l);
+    store4(job, r1 + 2u, cr, c6r);
+    store4(job, r1 + 3u, cl, c7l);
+    store4(job, r1 + 3u, cr, c7r);
+}
 
-    let ob_out = slot * params.chunk_stride + batch * m * n;
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let r = row0 + lid.y * 4u + i;
-        if (r < m) {
-            for (var j = 0u; j < 4u; j = j + 1u) {
-                let c = col0 + lid.x * 4u + j;
-                if (c < n) {
-                    out[ob_out + r * n + c] = acc[i][j];
-                }
-            }
+@compute @workgroup_size(16, 16)
+fn tile64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let job = job_of(wid.z);
+    let row0 = wid.y * 64u;
+    let col0 = wid.x * 64u;
+    let t = lid.y * 16u + lid.x;
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    for (var k0 = job.k_begin; k0 < job.k_end; k0 = k0 + KT) {
+        // 256 slots of A and of B, one of each per thread.
+        slab_a[t % KT][t / KT] = a_rows(job, row0 + (t / KT) * 4u, k0 + t % KT);
+        slab_b[t / 16u][t % 16u] = b_cols(job, k0 + t / 16u, col0 + (t % 16u) * 4u);
+        workgroupBarrier();
+        for (var kk = 0u; kk < KT; kk = kk + 1u) {
+            let a0 = slab_a[kk][lid.y];
+            let b0 = slab_b[kk][lid.x];
+            c0 += a0.x * b0;
+            c1 += a0.y * b0;
+            c2 += a0.z * b0;
+            c3 += a0.w * b0;
         }
+        workgroupBarrier();
     }
+    let r = row0 + lid.y * 4u;
+    let c = col0 + lid.x * 4u;
+    store4(job, r, c, c0);
+    store4(job, r + 1u, c, c1);
+    store4(job, r + 2u, c, c2);
+    store4(job, r + 3u, c, c3);
+}
+
+@compute @workgroup_size(256)
+fn skinny(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let job = job_of(wid.z);
+    let i = wid.x * WG + lid;
+    if (i >= params.m * params.n) {
+        return;
+    }
+    let row = i / params.n;
+    let col = i % params.n;
+    let pa = job.oa + row * params.a_row;
+    let pb = job.ob + col * params.b_col;
+    var acc = 0.0;
+    for (var kk = job.k_begin; kk < job.k_end; kk = kk + 1u) {
+        acc += a[pa + kk * params.a_col] * b[pb + kk * params.b_row];
+    }
+    out[job.out + i] = acc;
 }

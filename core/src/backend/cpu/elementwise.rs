@@ -8,7 +8,7 @@
 
 use super::layout::{broadcast_to, for_chunks, for_chunks_weighted, Strided};
 use super::scalar::Scalar;
-use super::{unsupported_dtype, with_any, with_num, In, Out};
+use super::{own_loops, unsupported_dtype, with_any, with_num, In, Out, COMPACT};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::expr::compare as compare_values;
@@ -63,7 +63,12 @@ fn elementwise(op: Op, dtype: DType) -> Result<Elementwise> {
 /// Unary ops: the table's expression of the op, `f(x)` with f the op's own
 /// primitive (a dedicated loop per op), or a composition (evaluated
 /// generically).
-pub(super) fn unary(u: UnaryOp, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+pub(super) fn unary(u: UnaryOp, x: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+    unary_as::<COMPACT>(u, x, out)
+}
+
+/// `unary`, with `COMPACT` as in `super::COMPACT` (tests run both).
+fn unary_as<const COMPACT: bool>(u: UnaryOp, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Unary";
     if x.numel() != out.numel() || x.dtype != out.dtype {
         return Err(crate::error::Error::backend(u.name(), "input and output differ in size or dtype"));
@@ -73,7 +78,10 @@ pub(super) fn unary(u: UnaryOp, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<
     with_num!(out.dtype, u.name(), T => {
         let (x, o) = (x.slice::<T>(OP)?, out.slice::<T>(OP)?);
         match e.expr {
-            Expr::Unary(f, &Expr::Arg(0)) => with_unary!(f, F => map(x, o, weight, |v| T::unary(F, v))),
+            Expr::Unary(f, &Expr::Arg(0)) if own_loops::<T, COMPACT>() => {
+                with_unary!(f, F => map(x, o, weight, |v| T::unary(F, v)))
+            }
+            Expr::Unary(f, &Expr::Arg(0)) => map(x, o, weight, move |v| T::unary(f, v)),
             expr => map(x, o, weight, move |v| expr.eval(&[v])),
         }
         Ok(())
@@ -82,7 +90,7 @@ pub(super) fn unary(u: UnaryOp, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<
 
 /// out = f(a, b) with a and b broadcast to the output dims.
 #[inline]
-fn zip<A: Scalar, B: Scalar, O: Scalar>(
+fn zip<const COMPACT: bool, A: Scalar, B: Scalar, O: Scalar>(
     op: &'static str,
     a: (&[A], &[usize]),
     b: (&[B], &[usize]),
@@ -94,25 +102,29 @@ fn zip<A: Scalar, B: Scalar, O: Scalar>(
     let sa = broadcast_to(op, ad, od)?;
     let sb = broadcast_to(op, bd, od)?;
     let n = out.len();
-    // Fast paths: same shape, or a scalar operand.
-    if a.len() == n && b.len() == n {
-        for_chunks_weighted(out, 1, weight, |s, c| {
-            let e = s + c.len();
-            for ((o, &x), &y) in c.iter_mut().zip(&a[s..e]).zip(&b[s..e]) {
-                *o = f(x, y);
-            }
-        });
-        return Ok(());
-    }
-    if a.len() == n && b.len() == 1 {
-        let y = b[0];
-        map(a, out, weight, move |x| f(x, y));
-        return Ok(());
-    }
-    if a.len() == 1 && b.len() == n {
-        let x = a[0];
-        map(b, out, weight, move |y| f(x, y));
-        return Ok(());
+    // Fast paths: same shape, or a scalar operand. (They split the work
+    // across threads; single-threaded, the rows below run the same loops,
+    // so the compact build leaves them out.)
+    if !COMPACT {
+        if a.len() == n && b.len() == n {
+            for_chunks_weighted(out, 1, weight, |s, c| {
+                let e = s + c.len();
+                for ((o, &x), &y) in c.iter_mut().zip(&a[s..e]).zip(&b[s..e]) {
+                    *o = f(x, y);
+                }
+            });
+            return Ok(());
+        }
+        if a.len() == n && b.len() == 1 {
+            let y = b[0];
+            map(a, out, weight, move |x| f(x, y));
+            return Ok(());
+        }
+        if a.len() == 1 && b.len() == n {
+            let x = a[0];
+            map(b, out, weight, move |y| f(x, y));
+            return Ok(());
+        }
     }
     let st = Strided::<2>::new(od, [&sa, &sb], [0, 0]);
     let [ia, ib] = st.inner_strides;
@@ -148,7 +160,12 @@ fn zip<A: Scalar, B: Scalar, O: Scalar>(
 
 /// Binary ops, broadcasting: `f(a, b)` with f the op's own primitive, or a
 /// composition, as the op table says.
-pub(super) fn binary(op: BinaryOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+pub(super) fn binary(op: BinaryOp, ab: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+    binary_as::<COMPACT>(op, ab, out)
+}
+
+/// `binary`, with `COMPACT` as in `super::COMPACT` (tests run both).
+fn binary_as<const COMPACT: bool>(op: BinaryOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
     let name = op.name();
     if a.dtype != out.dtype || b.dtype != out.dtype {
         return Err(crate::error::Error::backend(name, "operand dtypes differ from the output's"));
@@ -160,16 +177,24 @@ pub(super) fn binary(op: BinaryOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> R
         let (x, y) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims));
         let o = (out.slice::<T>(name)?, od);
         match e.expr {
-            Expr::Binary(f, &Expr::Arg(0), &Expr::Arg(1)) => {
-                with_binary!(f, F => zip(name, x, y, o, weight, |p: T, q: T| T::binary(F, p, q)))
+            Expr::Binary(f, &Expr::Arg(0), &Expr::Arg(1)) if own_loops::<T, COMPACT>() => {
+                with_binary!(f, F => zip::<COMPACT, _, _, _>(name, x, y, o, weight, |p: T, q: T| T::binary(F, p, q)))
             }
-            expr => zip(name, x, y, o, weight, move |p: T, q: T| expr.eval(&[p, q])),
+            Expr::Binary(f, &Expr::Arg(0), &Expr::Arg(1)) => {
+                zip::<COMPACT, _, _, _>(name, x, y, o, weight, move |p: T, q: T| T::binary(f, p, q))
+            }
+            expr => zip::<COMPACT, _, _, _>(name, x, y, o, weight, move |p: T, q: T| expr.eval(&[p, q])),
         }
     })
 }
 
 /// Comparisons of any two operands of one dtype: a bool output.
-pub(super) fn compare(op: CompareOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+pub(super) fn compare(op: CompareOp, ab: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+    compare_as::<COMPACT>(op, ab, out)
+}
+
+/// `compare`, with `COMPACT` as in `super::COMPACT` (tests run both).
+fn compare_as<const COMPACT: bool>(op: CompareOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
     let name = op.name();
     if a.dtype != b.dtype || out.dtype != DType::Bool {
         return Err(crate::error::Error::backend(name, "compare needs operands of one dtype and a bool output"));
@@ -178,7 +203,23 @@ pub(super) fn compare(op: CompareOp, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) ->
     let o = out.slice::<u8>(name)?;
     with_any!(a.dtype, T => {
         let (x, y) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims));
-        with_compare!(op, C => zip(name, x, y, (o, od), 1, |p: T, q: T| compare_values(C, p, q) as u8))
+        if COMPACT {
+            // One loop for all six: a > b is b < a, a >= b is b <= a, a != b
+            // is !(a == b) (NaN included), and <, <=, == are
+            // (a < b) & lt | (a == b) & eq with lt, eq chosen per op.
+            let (swap, lt, eq, not) = match op {
+                CompareOp::Equal => (false, 0, 1, 0),
+                CompareOp::NotEqual => (false, 0, 1, 1),
+                CompareOp::Less => (false, 1, 0, 0),
+                CompareOp::LessEqual => (false, 1, 1, 0),
+                CompareOp::Greater => (true, 1, 0, 0),
+                CompareOp::GreaterEqual => (true, 1, 1, 0),
+            };
+            let f = move |p: T, q: T| (((p < q) as u8 & lt) | ((p == q) as u8 & eq)) ^ not;
+            let (x, y) = if swap { (y, x) } else { (x, y) };
+            return zip::<COMPACT, _, _, _>(name, x, y, (o, od), 1, f);
+        }
+        with_compare!(op, C => zip::<COMPACT, _, _, _>(name, x, y, (o, od), 1, |p: T, q: T| compare_values(C, p, q) as u8))
     })
 }
 
@@ -432,6 +473,98 @@ mod tests {
         assert_eq!(r(BinaryOp::Maximum).unwrap(), i32s(&[i32::MAX, 9, 2]));
         assert_eq!(r(BinaryOp::Minimum).unwrap(), i32s(&[1, 5, -7]));
         assert!(r(BinaryOp::Div).is_err());
+    }
+
+    /// The compact kernels (the browser build's: one loop per dtype for
+    /// f64/i32/bool, one compare loop, no fast paths) give the same bits as
+    /// the full set, for every op, dtype and broadcasting layout.
+    #[test]
+    fn compact_kernels_give_the_same_bits() {
+        use super::super::{CpuStorage, In, Out};
+        use super::{binary_as, compare_as, unary_as};
+        let floats = [-2.5, -1.0, -0.0, 0.0, 0.3, 1.0, 7.25, f64::NAN, f64::INFINITY, -f64::INFINITY, 1e-30, -40.0];
+        let values = |dtype: DType, n: usize, shift: usize| -> CpuStorage {
+            let v = (0..n).map(|i| floats[(i * 5 + shift) % floats.len()]);
+            match dtype {
+                DType::F32 => CpuStorage::F32(v.map(|x| x as f32).collect()),
+                DType::F64 => CpuStorage::F64(v.collect()),
+                DType::I32 => CpuStorage::I32(
+                    (0..n).map(|i| [i32::MIN, -3, 0, 1, 2, i32::MAX, -7][(i * 3 + shift) % 7]).collect(),
+                ),
+                DType::Bool => CpuStorage::Bool((0..n).map(|i| ((i + shift) % 3 == 0) as u8).collect()),
+            }
+        };
+        let bits = |s: &CpuStorage| -> Vec<u64> {
+            match s {
+                CpuStorage::F32(v) => v.iter().map(|x| x.to_bits() as u64).collect(),
+                CpuStorage::F64(v) => v.iter().map(|x| x.to_bits()).collect(),
+                CpuStorage::I32(v) => v.iter().map(|&x| x as u32 as u64).collect(),
+                CpuStorage::Bool(v) => v.iter().map(|&x| x as u64).collect(),
+            }
+        };
+        // (a dims, b dims, out dims): same shape, scalars, rows, columns, both broadcast.
+        let layouts: [(&[usize], &[usize], &[usize]); 6] = [
+            (&[3, 5], &[3, 5], &[3, 5]),
+            (&[3, 5], &[], &[3, 5]),
+            (&[1], &[3, 5], &[3, 5]),
+            (&[3, 5], &[5], &[3, 5]),
+            (&[3, 1], &[3, 5], &[3, 5]),
+            (&[3, 1], &[1, 5], &[3, 5]),
+        ];
+        let mut compared = 0;
+        for dtype in [DType::F32, DType::F64, DType::I32, DType::Bool] {
+            for (ad, bd, od) in layouts {
+                let n: usize = od.iter().product();
+                let a = values(dtype, ad.iter().product(), 0);
+                let b = values(dtype, bd.iter().product(), 4);
+                let (ia, ib) = (In { data: &a, dims: ad, dtype }, In { data: &b, dims: bd, dtype });
+                let run = |out_dtype: DType, f: &dyn Fn(&mut Out<'_>, bool) -> crate::error::Result<()>| {
+                    let mut full = CpuStorage::zeroed(out_dtype, n).unwrap();
+                    let mut compact = CpuStorage::zeroed(out_dtype, n).unwrap();
+                    let r1 = f(&mut Out { data: &mut full, dims: od, dtype: out_dtype }, false);
+                    let r2 = f(&mut Out { data: &mut compact, dims: od, dtype: out_dtype }, true);
+                    assert_eq!(r1.is_ok(), r2.is_ok());
+                    (r1.is_ok(), bits(&full), bits(&compact))
+                };
+                for op in BinaryOp::ALL {
+                    let (ok, full, compact) = run(dtype, &|o, c| {
+                        if c {
+                            binary_as::<true>(op, &[ia, ib], o)
+                        } else {
+                            binary_as::<false>(op, &[ia, ib], o)
+                        }
+                    });
+                    assert_eq!(full, compact, "{op:?} {dtype} {ad:?} {bd:?}");
+                    compared += usize::from(ok);
+                }
+                for op in CompareOp::ALL {
+                    let (ok, full, compact) = run(DType::Bool, &|o, c| {
+                        if c {
+                            compare_as::<true>(op, &[ia, ib], o)
+                        } else {
+                            compare_as::<false>(op, &[ia, ib], o)
+                        }
+                    });
+                    assert!(ok);
+                    assert_eq!(full, compact, "{op:?} {dtype} {ad:?} {bd:?}");
+                    compared += 1;
+                }
+                if ad == od {
+                    for op in UnaryOp::ALL {
+                        let (ok, full, compact) = run(dtype, &|o, c| {
+                            if c {
+                                unary_as::<true>(op, &[ia], o)
+                            } else {
+                                unary_as::<false>(op, &[ia], o)
+                            }
+                        });
+                        assert_eq!(full, compact, "{op:?} {dtype}");
+                        compared += usize::from(ok);
+                    }
+                }
+            }
+        }
+        assert!(compared > 300, "{compared}");
     }
 
     #[test]

@@ -4,8 +4,9 @@
 use gemm::Parallelism;
 
 use super::scalar::Float;
-use super::{with_float, In, Out};
+use super::{with_float, In, Out, COMPACT};
 use crate::backend::checks::{Mat, MatMulGeometry};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// m * n * k up to which a plain loop is used instead of gemm.
@@ -102,7 +103,7 @@ const K_CHUNK: usize = 8 * super::reduce::LEAF;
 fn gemm_one<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par: Parallelism) -> Result<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if k <= K_CHUNK || m == 0 || n == 0 {
-        return gemm_chunk(a, b, lhs, rhs, dst, par);
+        return gemm_chunk::<COMPACT, T>(a, b, lhs, rhs, dst, par);
     }
     if b.rows != k || dst.len() != m * n || lhs.len() < a.span() || rhs.len() < b.span() {
         return Err(Error::backend("MatMul", "operand buffers are smaller than their shapes"));
@@ -119,7 +120,7 @@ fn gemm_one<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par
         let mut part = crate::memory::try_vec("MatMul", m * n, T::ZERO)?;
         // Columns k0.. of a and rows k0.. of b: offsets by their strides.
         let (ac, bc) = (Mat { cols: kc, ..*a }, Mat { rows: kc, ..*b });
-        gemm_chunk(&ac, &bc, &lhs[k0 * a.cs..], &rhs[k0 * b.rs..], &mut part, par)?;
+        gemm_chunk::<COMPACT, T>(&ac, &bc, &lhs[k0 * a.cs..], &rhs[k0 * b.rs..], &mut part, par)?;
         tree.push(part, &add);
     }
     dst.copy_from_slice(&tree.finish(&add).expect("k > 0"));
@@ -127,7 +128,14 @@ fn gemm_one<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par
 }
 
 /// dst (row-major a.rows x b.cols) = a x b, overwriting dst.
-fn gemm_chunk<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par: Parallelism) -> Result<()> {
+fn gemm_chunk<const COMPACT: bool, T: Float>(
+    a: &Mat,
+    b: &Mat,
+    lhs: &[T],
+    rhs: &[T],
+    dst: &mut [T],
+    par: Parallelism,
+) -> Result<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if b.rows != k || dst.len() != m * n || lhs.len() < a.span() || rhs.len() < b.span() {
         return Err(Error::backend("MatMul", "operand buffers are smaller than their shapes"));
@@ -135,8 +143,11 @@ fn gemm_chunk<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], p
     if m == 0 || n == 0 {
         return Ok(());
     }
-    if work(&[m, n, k]) <= SMALL_GEMM_WORK {
-        // Tiny products: a plain loop beats gemm's dispatch and packing.
+    // Tiny products: a plain loop beats gemm's dispatch and packing. The
+    // compact (browser) build uses it for every f64 product too, leaving
+    // gemm's f64 kernels out of the download: f64 is for gradient checks
+    // there, not speed.
+    if work(&[m, n, k]) <= SMALL_GEMM_WORK || (COMPACT && matches!(T::DTYPE, DType::F64)) {
         for (i, row) in dst.chunks_exact_mut(n).enumerate() {
             row.fill(T::ZERO);
             for p in 0..k {
@@ -289,16 +300,27 @@ mod tests {
                     if tb { Mat { rows: k, cols: n, rs: 1, cs: k } } else { Mat { rows: k, cols: n, rs: n, cs: 1 } };
                 let lhs: Vec<f64> = (0..a.span()).map(|i| (i % 7) as f64 - 3.0).collect();
                 let rhs: Vec<f64> = (0..b.span()).map(|i| (i % 5) as f64 * 0.5).collect();
-                let mut dst = vec![f64::NAN; m * n];
-                gemm_chunk(&a, &b, &lhs, &rhs, &mut dst, Parallelism::None).unwrap();
-                for i in 0..m {
-                    for j in 0..n {
-                        let want: f64 = (0..k).map(|p| lhs[i * a.rs + p * a.cs] * rhs[p * b.rs + j * b.cs]).sum();
-                        assert_eq!(dst[i * n + j], want, "{m}x{k}x{n} {ta} {tb} at ({i}, {j})");
+                // gemm, and the compact build's plain f64 loop (exact here too:
+                // small integers and halves).
+                for compact in [false, true] {
+                    let mut dst = vec![f64::NAN; m * n];
+                    let run = |dst: &mut [f64], rhs: &[f64]| {
+                        if compact {
+                            gemm_chunk::<true, f64>(&a, &b, &lhs, rhs, dst, Parallelism::None)
+                        } else {
+                            gemm_chunk::<false, f64>(&a, &b, &lhs, rhs, dst, Parallelism::None)
+                        }
+                    };
+                    run(&mut dst, &rhs).unwrap();
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want: f64 = (0..k).map(|p| lhs[i * a.rs + p * a.cs] * rhs[p * b.rs + j * b.cs]).sum();
+                            assert_eq!(dst[i * n + j], want, "{m}x{k}x{n} {ta} {tb} compact {compact} at ({i}, {j})");
+                        }
                     }
+                    let short = &rhs[..rhs.len() - 1];
+                    assert!(run(&mut dst, short).is_err());
                 }
-                let short = &rhs[..rhs.len() - 1];
-                assert!(gemm_chunk(&a, &b, &lhs, short, &mut dst, Parallelism::None).is_err());
             }
         }
     }

@@ -41,6 +41,23 @@ use crate::op::Op;
 
 pub(crate) use scalar::Scalar;
 
+/// The browser build's kernels trade loop copies for download bytes: one
+/// loop per dtype instead of one per op and dtype where the dtype is rarely
+/// hot (f64, i32, bool), and no multi-threaded fast paths that repeat a
+/// loop. Results are bit-identical to the full set (the same per-element
+/// functions in the same order); each kernel's tests run both.
+pub(crate) const COMPACT: bool = cfg!(target_arch = "wasm32");
+
+/// Whether element type `T` gets a loop of its own per op: always in the
+/// full build; in the compact one only f32, while f64 and i32 run one loop
+/// per dtype that matches on the op per element. The bits are the same
+/// either way (the same per-element function runs; only where the `match`
+/// on the op sits differs).
+#[inline(always)]
+pub(crate) fn own_loops<T: Scalar, const COMPACT: bool>() -> bool {
+    !COMPACT || matches!(T::DTYPE, DType::F32)
+}
+
 /// One buffer's contents. Bool is stored as 0/1 bytes.
 #[derive(Clone, Debug)]
 pub enum CpuStorage {

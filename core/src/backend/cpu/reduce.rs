@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use super::layout::PAR_THRESHOLD;
 use super::layout::{for_chunks, for_chunks_weighted, Strided};
 use super::scalar::{Num, Scalar};
-use super::{with_any, with_num, In, Out};
+use super::{own_loops, with_any, with_num, In, Out, COMPACT};
 use crate::backend::checks;
 use crate::error::Result;
 use crate::op::ReduceOp;
@@ -96,11 +96,19 @@ impl Geometry {
 }
 
 pub(super) fn reduce(op: ReduceOp, axes: AxisSet, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
-    reduce_with(op, axes, x, out, true)
+    reduce_with::<COMPACT>(op, axes, x, out, true)
 }
 
 /// `fast`: allow the suffix/prefix loops (tests compare them to the generic).
-fn reduce_with(op: ReduceOp, axes: AxisSet, x: &In<'_>, out: &mut Out<'_>, fast: bool) -> Result<()> {
+/// `COMPACT` as in `super::COMPACT`: f64 and i32 get one set of loops for
+/// the four folds, choosing the op per element (tests compare the bits).
+fn reduce_with<const COMPACT: bool>(
+    op: ReduceOp,
+    axes: AxisSet,
+    x: &In<'_>,
+    out: &mut Out<'_>,
+    fast: bool,
+) -> Result<()> {
     let name = op.name();
     let rank = x.dims.len();
     let axes = AxisSet(axes.0 & AxisSet::all(rank).0);
@@ -119,6 +127,21 @@ fn reduce_with(op: ReduceOp, axes: AxisSet, x: &In<'_>, out: &mut Out<'_>, fast:
     }
     with_num!(x.dtype, name, T => {
         let (xs, o) = (x.slice::<T>(name)?, out.slice::<T>(name)?);
+        if !own_loops::<T, COMPACT>() {
+            let init = match op {
+                ReduceOp::Sum => Some(T::ZERO),
+                ReduceOp::Prod => Some(T::ONE),
+                _ => None,
+            };
+            let f = move |a: T, b: T| match op {
+                ReduceOp::Sum => Num::add(a, b),
+                ReduceOp::Prod => Num::mul(a, b),
+                ReduceOp::Max => Num::max(a, b),
+                _ => Num::min(a, b),
+            };
+            fold::<T>(xs, &g, o, init, f);
+            return Ok(());
+        }
         match op {
             ReduceOp::Sum => fold::<T>(xs, &g, o, Some(T::ZERO), Num::add),
             ReduceOp::Prod => fold::<T>(xs, &g, o, Some(T::ONE), Num::mul),
@@ -576,11 +599,47 @@ mod tests {
         for fast in [true, false] {
             let mut o = CpuStorage::F32(vec![7.0; n]);
             let mut out = Out { data: &mut o, dims: &od, dtype: DType::F32 };
-            reduce_with(op, AxisSet(axes), &inp, &mut out, fast).unwrap();
+            reduce_with::<false>(op, AxisSet(axes), &inp, &mut out, fast).unwrap();
             let CpuStorage::F32(v) = o else { unreachable!() };
             res.push(v);
         }
         (res.remove(0), res.remove(0))
+    }
+
+    /// The compact build's reductions (one set of loops for the four folds
+    /// of f64 and i32) give the same bits as one loop per op.
+    #[test]
+    fn compact_folds_give_the_same_bits() {
+        let dims = [40, 3, 300];
+        let x = rand_f32(40 * 3 * 300, 5);
+        let f64s: Vec<f64> = x.iter().map(|&v| v as f64 * 3.0).collect();
+        let i32s: Vec<i32> = x.iter().map(|&v| (v * 1000.0) as i32).collect();
+        for data in [CpuStorage::F64(f64s), CpuStorage::I32(i32s)] {
+            let dtype = data.dtype();
+            let inp = In { data: &data, dims: &dims, dtype };
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                for axes in [0b001, 0b010, 0b100, 0b101, 0b111, 0b000] {
+                    let od = reduced_dims(&dims, AxisSet(axes), false);
+                    let n: usize = od.iter().product();
+                    let mut res = vec![];
+                    for compact in [false, true] {
+                        let mut o = CpuStorage::zeroed(dtype, n).unwrap();
+                        let mut out = Out { data: &mut o, dims: &od, dtype };
+                        if compact {
+                            reduce_with::<true>(op, AxisSet(axes), &inp, &mut out, true).unwrap();
+                        } else {
+                            reduce_with::<false>(op, AxisSet(axes), &inp, &mut out, true).unwrap();
+                        }
+                        res.push(match o {
+                            CpuStorage::F64(v) => v.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            CpuStorage::I32(v) => v.iter().map(|&v| v as u64).collect(),
+                            _ => unreachable!(),
+                        });
+                    }
+                    assert_eq!(res[0], res[1], "{op:?} {dtype} axes {axes:b}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,335 @@
+//! Which of matmul.wgsl's entry points a product runs: products fall into
+//! shape classes (M, N and K rounded up to powers of two, batched or not,
+//! which operand is read along its rows), and natively the first product of
+//! each class times the candidate kernels on a product of its shape (capped
+//! at 512 x 512 x K_CHUNK) in buffers of its own, keeps the fastest for the
+//! backend's life and counts the trial. In a browser nothing may wait for
+//! the GPU inside a launch, so the class's fixed rule decides there, as it
+//! does natively with `KILN_MATMUL_TUNE=0`.
+//!
+//! Every kernel sums each output in the same order (matmul.wgsl), so the
+//! choice changes the speed, not the bits.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+#[cfg(not(target_arch = "wasm32"))]
+use std::time::Instant;
+
+use kiln_core::{Error, Result};
+
+use crate::params::MatMul;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::shaders::Kernel;
+use crate::shaders::WG;
+use crate::WgpuBackend;
+
+/// matmul.wgsl's entry points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatMulKernel {
+    /// 128 x 128 output tiles, 8 x 8 outputs per thread.
+    Tile128,
+    /// 64 x 64 output tiles, 4 x 4 outputs per thread.
+    Tile64,
+    /// One output per thread, no workgroup memory (tiny M or N).
+    Skinny,
+}
+
+impl MatMulKernel {
+    pub const ALL: [MatMulKernel; 3] = [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny];
+
+    pub fn entry(self) -> &'static str {
+        match self {
+            MatMulKernel::Tile128 => "tile128",
+            MatMulKernel::Tile64 => "tile64",
+            MatMulKernel::Skinny => "skinny",
+        }
+    }
+
+    /// Workgroups along x and y for an m x n product.
+    pub(crate) fn grid(self, m: usize, n: usize) -> (usize, usize) {
+        match self {
+            MatMulKernel::Tile128 => (n.div_ceil(128), m.div_ceil(128)),
+            MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
+            MatMulKernel::Skinny => ((m * n).div_ceil(WG as usize), 1),
+        }
+    }
+
+    /// Whether an m x n product fits this kernel's grid on an adapter whose
+    /// grid dimensions stop at `max`.
+    fn fits(self, m: usize, n: usize, max: usize) -> bool {
+        let (x, y) = self.grid(m, n);
+        x <= max && y <= max
+    }
+}
+
+/// Products that should run alike: M, N and K as ceil(log2), capped at
+/// 2^13; whether there is more than one batch; whether A is read along its
+/// rows (a_col = 1) and B along its rows (b_col = 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ShapeClass {
+    m: u8,
+    n: u8,
+    k: u8,
+    batched: bool,
+    a_rows: bool,
+    b_rows: bool,
+}
+
+fn log2_class(x: usize) -> u8 {
+    (x.max(1).next_power_of_two().trailing_zeros() as u8).min(13)
+}
+
+impl ShapeClass {
+    fn of(p: &MatMul, batches: usize) -> ShapeClass {
+        ShapeClass {
+            m: log2_class(p.m as usize),
+            n: log2_class(p.n as usize),
+            k: log2_class(p.k as usize),
+            batched: batches > 1,
+            a_rows: p.a_col == 1,
+            b_rows: p.b_col == 1,
+        }
+    }
+}
+
+/// The backend's choices, made once per shape class.
+pub(crate) struct Tuner {
+    /// Time candidates (native, unless `KILN_MATMUL_TUNE=0`).
+    measure: bool,
+    /// `WgpuOptions::matmul_kernel`: every product that fits it uses it.
+    forced: Option<MatMulKernel>,
+    chosen: RefCell<HashMap<ShapeClass, MatMulKernel>>,
+    /// Timed trials run (one per candidate per class).
+    trials: Cell<usize>,
+}
+
+impl Tuner {
+    pub fn new(forced: Option<MatMulKernel>) -> Tuner {
+        let measure = cfg!(not(target_arch = "wasm32")) && std::env::var("KILN_MATMUL_TUNE").as_deref() != Ok("0");
+        Tuner { measure, forced, chosen: RefCell::default(), trials: Cell::new(0) }
+    }
+
+    /// Timed kernel trials so far.
+    pub fn trials(&self) -> usize {
+        self.trials.get()
+    }
+
+    /// The kernel for a product with parameters `p` (m, n, k, strides) over
+    /// `batches` batches.
+    pub fn choose(&self, be: &WgpuBackend, p: &MatMul, batches: usize) -> Result<MatMulKernel> {
+        let (m, n) = (p.m as usize, p.n as usize);
+        let max = be.ctx().limits.max_compute_workgroups_per_dimension.max(1) as usize;
+        if let Some(k) = self.forced.filter(|k| k.fits(m, n, max)) {
+            return Ok(k);
+        }
+        let class = ShapeClass::of(p, batches);
+        if let Some(&k) = self.chosen.borrow().get(&class) {
+            if k.fits(m, n, max) {
+                return Ok(k);
+            }
+        }
+        let candidates: Vec<MatMulKernel> =
+            candidates(m, n).into_iter().filter(|k| k.fits(m, n, max) && k.fits(m.min(512), n.min(512), max)).collect();
+        let pick = match candidates.as_slice() {
+            [] => {
+                return Err(Error::unsupported(
+                    "MatMul",
+                    format!("{m} x {n} outputs exceed this adapter's dispatch grid"),
+                ))
+            }
+            [only] => *only,
+            _ if !self.measure => rule(m, n, &candidates),
+            _ => self.fastest(be, p, batches, &candidates)?,
+        };
+        self.chosen.borrow_mut().insert(class, pick);
+        Ok(pick)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn fastest(&self, _: &WgpuBackend, p: &MatMul, _: usize, candidates: &[MatMulKernel]) -> Result<MatMulKernel> {
+        Ok(rule(p.m as usize, p.n as usize, candidates))
+    }
+
+    /// The candidate that ran a product of `p`'s class fastest: three
+    /// interleaved rounds (the first also pays first-use costs), each
+    /// candidate's best time; the fixed rule's pick unless another beat it
+    /// by more than 10 % (timings of tiny products are mostly noise, and a
+    /// stable pick is a reproducible one).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn fastest(
+        &self,
+        be: &WgpuBackend,
+        p: &MatMul,
+        batches: usize,
+        candidates: &[MatMulKernel],
+    ) -> Result<MatMulKernel> {
+        let trial = Trial::new(be, p, batches);
+        let mut best = vec![f64::INFINITY; candidates.len()];
+        for _round in 0..3 {
+            for (i, &k) in candidates.iter().enumerate() {
+                best[i] = best[i].min(trial.run(be, k)?);
+                self.trials.set(self.trials.get() + 1);
+            }
+        }
+        let ruled = rule(p.m as usize, p.n as usize, candidates);
+        let ruled_time = best[candidates.iter().position(|&k| k == ruled).expect("the rule picks a candidate")];
+        let (i, fastest) = best.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).expect("candidates");
+        Ok(if *fastest < ruled_time / 1.1 { candidates[i] } else { ruled })
+    }
+}
+
+/// The kernels worth trying for an m x n product: the skinny kernel only
+/// when M or N is small, the 128 tile only when it would not be mostly
+/// padding.
+fn candidates(m: usize, n: usize) -> Vec<MatMulKernel> {
+    let mut v = Vec::new();
+    if m.max(n) > 64 {
+        v.push(MatMulKernel::Tile128);
+    }
+    v.push(MatMulKernel::Tile64);
+    if m.min(n) <= 32 {
+        v.push(MatMulKernel::Skinny);
+    }
+    v
+}
+
+/// Without timing: a thread per output when M or N is tiny, else the
+/// largest tile that the product fills.
+fn rule(m: usize, n: usize, candidates: &[MatMulKernel]) -> MatMulKernel {
+    let want = if m.min(n) <= 8 {
+        MatMulKernel::Skinny
+    } else if m >= 256 && n >= 256 {
+        MatMulKernel::Tile128
+    } else {
+        MatMulKernel::Tile64
+    };
+    if candidates.contains(&want) {
+        want
+    } else {
+        candidates[0]
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+/// A product of a class's shape, at most 512 x 512 x K_CHUNK (and about
+/// 2^18 outputs over its batches), in buffers of its own: the trial runs
+/// apart from the execution being recorded, whose buffers may still hold
+/// values its earlier dispatches read.
+struct Trial {
+    params: MatMul,
+    batches: usize,
+    a: wgpu::Buffer,
+    b: wgpu::Buffer,
+    out: wgpu::Buffer,
+    params_buffer: wgpu::Buffer,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Trial {
+    fn new(be: &WgpuBackend, p: &MatMul, batches: usize) -> Trial {
+        let m = (p.m as usize).min(512);
+        let n = (p.n as usize).min(512);
+        let k = (p.k as usize).clamp(1, super::matmul::K_CHUNK);
+        let batches = batches.clamp(1, ((1usize << 18) / (m * n).max(1)).max(1));
+        let (a_row, a_col) = if p.a_col == 1 { (k, 1) } else { (1, m) };
+        let (b_row, b_col) = if p.b_col == 1 { (n, 1) } else { (1, k) };
+        let mut params = MatMul {
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            a_row: a_row as u32,
+            a_col: a_col as u32,
+            b_row: b_row as u32,
+            b_col: b_col as u32,
+            chunk: k as u32,
+            chunks: 1,
+            ..MatMul::default()
+        };
+        if batches > 1 {
+            params.batch_rank = 1;
+            params.batch_dims[0] = batches as u32;
+            params.a_batch[0] = (m * k) as u32;
+            params.b_batch[0] = (k * n) as u32;
+        }
+        let device = &be.ctx().device;
+        let buffer = |label: &str, words: usize, usage: wgpu::BufferUsages| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: (words.max(1) * 4) as u64,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let storage = wgpu::BufferUsages::STORAGE;
+        let params_words = crate::params::words(&params);
+        let params_buffer =
+            buffer("kiln matmul trial params", params_words.len(), storage | wgpu::BufferUsages::COPY_DST);
+        be.ctx().queue.write_buffer(&params_buffer, 0, bytemuck::cast_slice(params_words));
+        Trial {
+            params,
+            batches,
+            a: buffer("kiln matmul trial a", batches * m * k, storage),
+            b: buffer("kiln matmul trial b", batches * k * n, storage),
+            out: buffer("kiln matmul trial out", batches * m * n, storage),
+            params_buffer,
+        }
+    }
+
+    /// Seconds from submitting one run of `kernel` to its completion.
+    fn run(&self, be: &WgpuBackend, kernel: MatMulKernel) -> Result<f64> {
+        const OP: &str = "MatMul";
+        let pipeline = be.pipeline(OP, Kernel::MatMul, kernel.entry())?;
+        let ctx = be.ctx();
+        fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+            wgpu::BindGroupEntry { binding, resource: buffer.as_entire_binding() }
+        }
+        let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("kiln matmul trial"),
+            layout: &pipeline.layout,
+            entries: &[entry(0, &self.params_buffer), entry(1, &self.a), entry(2, &self.b), entry(3, &self.out)],
+        });
+        let (x, y) = kernel.grid(self.params.m as usize, self.params.n as usize);
+        let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(&pipeline.pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(x as u32, y as u32, self.batches as u32);
+        }
+        let start = Instant::now();
+        ctx.queue.submit([encoder.finish()]);
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::backend(OP, format!("waiting for a matmul kernel trial failed: {e}")))?;
+        let secs = start.elapsed().as_secs_f64();
+        ctx.errors.check(OP)?;
+        Ok(secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_round_up_to_powers_of_two() {
+        let p = |m, n, k, a_col, b_col| MatMul { m, n, k, a_col, b_col, ..MatMul::default() };
+        assert_eq!(ShapeClass::of(&p(1000, 1024, 513, 1, 1), 1), ShapeClass::of(&p(513, 700, 1024, 1, 1), 1));
+        assert_ne!(ShapeClass::of(&p(1024, 1024, 1024, 1, 1), 1), ShapeClass::of(&p(1025, 1024, 1024, 1, 1), 1));
+        assert_ne!(ShapeClass::of(&p(64, 64, 64, 1, 1), 1), ShapeClass::of(&p(64, 64, 64, 64, 1), 1));
+        assert_ne!(ShapeClass::of(&p(64, 64, 64, 1, 1), 1), ShapeClass::of(&p(64, 64, 64, 1, 1), 2));
+        assert_eq!(log2_class(0), 0);
+        assert_eq!(log2_class(1 << 20), 13);
+    }
+
+    #[test]
+    fn the_rule_prefers_threads_per_output_for_vectors_and_big_tiles_for_big_products() {
+        assert_eq!(rule(1, 4096, &candidates(1, 4096)), MatMulKernel::Skinny);
+        assert_eq!(rule(4096, 1, &candidates(4096, 1)), MatMulKernel::Skinny);
+        assert_eq!(rule(1024, 1024, &candidates(1024, 1024)), MatMulKernel::Tile128);
+        assert_eq!(rule(128, 512, &candidates(128, 512)), MatMulKernel::Tile64);
+        assert_eq!(rule(32, 32, &candidates(32, 32)), MatMulKernel::Tile64);
+        assert!(!candidates(64, 64).contains(&MatMulKernel::Tile128));
+        assert!(!candidates(64, 64).contains(&MatMulKernel::Skinny));
+    }
+}
