@@ -21,8 +21,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
+mod format;
+
+use format::{File, View};
 
 use crate::dtype::HostData;
 use crate::error::{Error, Result};
@@ -119,15 +120,13 @@ pub fn load_state(module: &dyn Module, bytes: &[u8]) -> Result<()> {
     for (i, (key, param)) in entries.iter().enumerate() {
         // A tied parameter may also (or only) be in the file under a later
         // key, as in a PyTorch state_dict: the copies must agree.
-        let mut found = file.tensor(key).ok().map(|view| (key, view));
+        let mut found = file.tensor(key).map(|view| (key, view));
         for (alias, _) in aliases.iter().filter(|(_, first)| *first == i) {
-            if let Ok(view) = file.tensor(alias) {
+            if let Some(view) = file.tensor(alias) {
                 match &found {
                     None => found = Some((alias, view)),
-                    Some((k, v)) if (v.dtype(), v.shape(), v.data()) != (view.dtype(), view.shape(), view.data()) => {
-                        mismatched
-                            .push(format!("'{k}' and '{alias}' name one tied parameter but hold different values"))
-                    }
+                    Some((k, v)) if *v != view => mismatched
+                        .push(format!("'{k}' and '{alias}' name one tied parameter but hold different values")),
                     Some(_) => {}
                 }
             }
@@ -135,13 +134,13 @@ pub fn load_state(module: &dyn Module, bytes: &[u8]) -> Result<()> {
         match found {
             None => missing.push(key.clone()),
             Some((_, view)) => match host_data(&view) {
-                Some(data) if data.dtype() == param.dtype() && view.shape() == param.dims().as_slice() => {
+                Some(data) if data.dtype() == param.dtype() && view.shape == param.dims().as_slice() => {
                     values.push((param, data))
                 }
                 _ => mismatched.push(format!(
                     "'{key}': file has {} {}, module has {} {}",
-                    fmt_dims(view.shape()),
-                    dtype_name(view.dtype()),
+                    fmt_dims(view.shape),
+                    dtype_name(view.dtype),
                     fmt_dims(&param.dims()),
                     param.dtype()
                 )),
@@ -150,7 +149,6 @@ pub fn load_state(module: &dyn Module, bytes: &[u8]) -> Result<()> {
     }
     let mut unexpected: Vec<String> = file
         .names()
-        .into_iter()
         .filter(|name| !expected.contains(name) && !is_batch_count(name, &expected))
         .map(str::to_string)
         .collect();
@@ -244,11 +242,9 @@ fn load_optimizer<O: OptimizerState>(
     bytes: &[u8],
 ) -> Result<()> {
     const OP: &str = "checkpoint::load_optimizer_state";
-    parse(OP, bytes)?;
-    let (_, header) =
-        SafeTensors::read_metadata(bytes).map_err(|e| Error::io(OP, format!("not a safetensors file: {e}")))?;
+    let file = parse(OP, bytes)?;
     let empty = HashMap::new();
-    let metadata = header.metadata().as_ref().unwrap_or(&empty);
+    let metadata = file.metadata.as_ref().unwrap_or(&empty);
     let field = |name: &str| {
         metadata.get(name).ok_or_else(|| Error::invalid(OP, format!("the checkpoint's metadata has no '{name}'")))
     };
@@ -279,7 +275,6 @@ fn load_optimizer<O: OptimizerState>(
     if !(lr.is_finite() && lr >= 0.0) {
         return Err(Error::invalid(OP, format!("the metadata's lr = {lr} is not a finite number >= 0")));
     }
-    let file = parse(OP, bytes)?;
     let params = optimizer.params();
     let slots = optimizer.slot_names();
     let mut expected = HashSet::new();
@@ -291,15 +286,15 @@ fn load_optimizer<O: OptimizerState>(
         for slot in slots {
             let key = format!("optimizer.{i}.{slot}");
             match file.tensor(&key) {
-                Err(_) => missing.push(key.clone()),
-                Ok(view) => match host_data(&view) {
-                    Some(data) if data.dtype() == param.dtype() && view.shape() == param.dims().as_slice() => {
+                None => missing.push(key.clone()),
+                Some(view) => match host_data(&view) {
+                    Some(data) if data.dtype() == param.dtype() && view.shape == param.dims().as_slice() => {
                         buffers.push(data)
                     }
                     _ => mismatched.push(format!(
                         "'{key}': file has {} {}, parameter '{}' is {} {}",
-                        fmt_dims(view.shape()),
-                        dtype_name(view.dtype()),
+                        fmt_dims(view.shape),
+                        dtype_name(view.dtype),
                         param.name(),
                         fmt_dims(&param.dims()),
                         param.dtype()
@@ -311,7 +306,7 @@ fn load_optimizer<O: OptimizerState>(
         state.push(buffers);
     }
     let mut unexpected: Vec<String> =
-        file.names().into_iter().filter(|name| !expected.contains(*name)).map(str::to_string).collect();
+        file.names().filter(|name| !expected.contains(*name)).map(str::to_string).collect();
     unexpected.sort();
     check_match(OP, "optimizer", &missing, &unexpected, &mismatched)?;
     let group_lrs = match metadata.get("group_lrs") {
@@ -349,8 +344,8 @@ fn load_optimizer<O: OptimizerState>(
 /// The string metadata of a safetensors file's bytes.
 #[track_caller]
 pub fn read_metadata(bytes: &[u8]) -> Result<HashMap<String, String>> {
-    match SafeTensors::read_metadata(bytes) {
-        Ok((_, header)) => Ok(header.metadata().clone().unwrap_or_default()),
+    match File::parse(bytes) {
+        Ok(file) => Ok(file.metadata.unwrap_or_default()),
         Err(e) => Err(Error::io("checkpoint::read_metadata", format!("not a safetensors file: {e}"))),
     }
 }
@@ -375,19 +370,19 @@ fn split_numbers(op: &'static str, key: &str, text: &str) -> Result<Vec<f64>> {
 }
 
 #[track_caller]
-fn parse<'a>(op: &'static str, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+fn parse<'a>(op: &'static str, bytes: &'a [u8]) -> Result<File<'a>> {
     let n = header_length(op, bytes)?;
-    let Some(header) = bytes.get(8..8 + n) else {
+    if bytes.len() - 8 < n {
         return Err(Error::io(op, format!("truncated safetensors file: a {n}-byte header in {} bytes", bytes.len())));
-    };
-    check_unique_keys(op, header)?;
-    match SafeTensors::deserialize(bytes) {
+    }
+    match File::parse(bytes) {
         Ok(file) => Ok(file),
         Err(e) => Err(Error::io(op, format!("not a safetensors file: {e}"))),
     }
 }
 
-/// The largest header kiln reads (the safetensors crate's own limit).
+/// The largest header kiln reads (the format's limit, as the safetensors
+/// crate has it).
 const MAX_HEADER: usize = 100_000_000;
 
 /// The header length a safetensors file announces in its first 8 bytes
@@ -416,86 +411,9 @@ pub fn header_length(op: &'static str, bytes: &[u8]) -> Result<usize> {
 /// whatever it was given.
 #[track_caller]
 pub fn announced_length(op: &'static str, header: &[u8]) -> Result<u64> {
-    check_unique_keys(op, header)?;
-    let value: serde_json::Value = match serde_json::from_slice(header) {
-        Ok(v) => v,
-        Err(e) => return Err(Error::io(op, format!("not a safetensors file: the header is not JSON ({e})"))),
-    };
-    let Some(entries) = value.as_object() else {
-        return Err(Error::io(op, "not a safetensors file: the header is not a JSON object"));
-    };
-    let mut end = 0u64;
-    for (key, entry) in entries {
-        if key == "__metadata__" {
-            continue;
-        }
-        let offset = entry.get("data_offsets").and_then(|o| o.get(1)).and_then(serde_json::Value::as_u64);
-        let Some(offset) = offset else {
-            return Err(Error::io(op, format!("not a safetensors file: tensor '{key}' has no data_offsets")));
-        };
-        end = end.max(offset);
-    }
-    Ok(8 + header.len() as u64 + end)
-}
-
-/// Refuse a header in which a key appears twice at any level: JSON parsers
-/// (serde's maps included) keep the last value, so a repeated tensor name
-/// or metadata entry would be silently dropped.
-#[track_caller]
-fn check_unique_keys(op: &'static str, header: &[u8]) -> Result<()> {
-    use serde::Deserialize;
-    let mut de = serde_json::Deserializer::from_slice(header);
-    match UniqueKeys::deserialize(&mut de) {
-        Ok(_) => Ok(()),
+    match format::announced_data_end(header) {
+        Ok(end) => Ok(8u64.saturating_add(header.len() as u64).saturating_add(end)),
         Err(e) => Err(Error::io(op, format!("not a safetensors file: {e}"))),
-    }
-}
-
-/// Any JSON value, visited only to check that no object repeats a key.
-struct UniqueKeys;
-
-impl<'de> serde::Deserialize<'de> for UniqueKeys {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<UniqueKeys, D::Error> {
-        d.deserialize_any(UniqueKeys)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for UniqueKeys {
-    type Value = UniqueKeys;
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E>(self, _: bool) -> std::result::Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-    fn visit_i64<E>(self, _: i64) -> std::result::Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-    fn visit_u64<E>(self, _: u64) -> std::result::Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-    fn visit_f64<E>(self, _: f64) -> std::result::Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-    fn visit_str<E>(self, _: &str) -> std::result::Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-    fn visit_unit<E>(self) -> std::result::Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<UniqueKeys, A::Error> {
-        while seq.next_element::<UniqueKeys>()?.is_some() {}
-        Ok(UniqueKeys)
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<UniqueKeys, A::Error> {
-        let mut seen = HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(key.clone()) {
-                return Err(serde::de::Error::custom(format!("the key '{key}' appears twice in the header")));
-            }
-            map.next_value::<UniqueKeys>()?;
-        }
-        Ok(UniqueKeys)
     }
 }
 
@@ -505,46 +423,50 @@ fn serialize(
     tensors: &[(String, Vec<usize>, HostData)],
     metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>> {
-    let raw: Vec<(Dtype, Vec<u8>)> = tensors.iter().map(|(_, _, data)| le_bytes(data)).collect();
-    let mut views = Vec::with_capacity(tensors.len());
-    for ((key, dims, _), (dtype, bytes)) in tensors.iter().zip(&raw) {
-        let view = TensorView::new(*dtype, dims.clone(), bytes)
-            .map_err(|e| Error::invalid(op, format!("tensor '{key}': {e}")))?;
-        views.push((key.as_str(), view));
+    let raw: Vec<(&'static str, Vec<u8>)> = tensors.iter().map(|(_, _, data)| le_bytes(data)).collect();
+    let mut entries = Vec::with_capacity(tensors.len());
+    for ((key, dims, data), (dtype, bytes)) in tensors.iter().zip(&raw) {
+        if dims.iter().product::<usize>() != data.len() {
+            return Err(Error::invalid(
+                op,
+                format!("tensor '{key}': {} values do not fill the shape {}", data.len(), fmt_dims(dims)),
+            ));
+        }
+        entries.push((key.as_str(), *dtype, dims.as_slice(), bytes.as_slice()));
     }
-    safetensors::serialize(views, Some(metadata)).map_err(|e| Error::invalid(op, e.to_string()))
+    Ok(format::serialize(&entries, &metadata))
 }
 
-/// Values as safetensors' little-endian bytes.
-fn le_bytes(data: &HostData) -> (Dtype, Vec<u8>) {
+/// Values as safetensors' little-endian bytes, with the format's dtype name.
+fn le_bytes(data: &HostData) -> (&'static str, Vec<u8>) {
     match data {
-        HostData::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        HostData::F64(v) => (Dtype::F64, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        HostData::I32(v) => (Dtype::I32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        HostData::Bool(v) => (Dtype::BOOL, v.iter().map(|&b| b as u8).collect()),
+        HostData::F32(v) => ("F32", v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::F64(v) => ("F64", v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::I32(v) => ("I32", v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::Bool(v) => ("BOOL", v.iter().map(|&b| b as u8).collect()),
     }
 }
 
 /// A tensor's values, or None for a dtype kiln has no counterpart of.
-fn host_data(view: &TensorView<'_>) -> Option<HostData> {
-    let bytes = view.data();
-    Some(match view.dtype() {
-        Dtype::F32 => HostData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
-        Dtype::F64 => HostData::F64(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()),
-        Dtype::I32 => HostData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
-        Dtype::BOOL => HostData::Bool(bytes.iter().map(|&b| b != 0).collect()),
+fn host_data(view: &View<'_>) -> Option<HostData> {
+    let bytes = view.data;
+    Some(match view.dtype {
+        "F32" => HostData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+        "F64" => HostData::F64(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()),
+        "I32" => HostData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
+        "BOOL" => HostData::Bool(bytes.iter().map(|&b| b != 0).collect()),
         _ => return None,
     })
 }
 
 /// A stored dtype in kiln's words where kiln has it ("f32"), else in
 /// safetensors' ("F16").
-fn dtype_name(dtype: Dtype) -> String {
+fn dtype_name(dtype: &str) -> String {
     match dtype {
-        Dtype::F32 => "f32".into(),
-        Dtype::F64 => "f64".into(),
-        Dtype::I32 => "i32".into(),
-        Dtype::BOOL => "bool".into(),
+        "F32" => "f32".into(),
+        "F64" => "f64".into(),
+        "I32" => "i32".into(),
+        "BOOL" => "bool".into(),
         other => other.to_string(),
     }
 }
