@@ -53,6 +53,13 @@ pub use kernels::matmul_tune::MatMulKernel;
 /// `WgpuOptions` (backends, power preference).
 pub use wgpu;
 
+/// The most elements (kernel height x width) one window of Im2Col, Col2Im,
+/// MaxPool2d or MaxPool2dBackward may hold on this backend: each invocation
+/// loops over one window (at most twice), and a shader loop must stay far
+/// below the 65,535 iterations after which Mesa's lavapipe silently stops
+/// it. Larger windows are refused with an Unsupported error.
+pub const MAX_WINDOW: usize = 1 << 14;
+
 /// A kernel operand as `launch` binds it.
 #[derive(Clone, Copy)]
 pub(crate) enum Arg {

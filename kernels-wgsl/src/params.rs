@@ -180,6 +180,8 @@ pub struct Rowwise {
     pub l: u32,
     pub s: u32,
     pub diagonal: i32,
+    pub groups: u32,
+    pub parts: u32,
 }
 
 #[cfg(test)]
@@ -249,7 +251,7 @@ mod tests {
             layout!(Window { n, image, positions, kernel, stride, dilation, pad }),
             layout!(Pool { window, empty }),
             layout!(Random { n, keys }),
-            layout!(Rowwise { rows, l, s, diagonal }),
+            layout!(Rowwise { rows, l, s, diagonal, groups, parts }),
         ]
     }
 
@@ -315,11 +317,14 @@ mod tests {
 
     #[test]
     fn words_are_the_fields_in_order() {
-        let p = Rowwise { rows: 3, l: 4, s: 5, diagonal: -1 };
-        assert_eq!(words(&p), &[3, 4, 5, u32::MAX]);
+        let p = Rowwise { rows: 3, l: 4, s: 5, diagonal: -1, groups: 6, parts: 7 };
+        assert_eq!(words(&p), &[3, 4, 5, u32::MAX, 6, 7]);
         // A test that can fail: the layout check notices a reordered struct.
-        let reordered =
-            Layout { name: "Rowwise", size: 16, fields: vec![("l", 0), ("rows", 4), ("s", 8), ("diagonal", 12)] };
+        let reordered = Layout {
+            name: "Rowwise",
+            size: 24,
+            fields: vec![("l", 0), ("rows", 4), ("s", 8), ("diagonal", 12), ("groups", 16), ("parts", 20)],
+        };
         let wgsl = wgsl_structs();
         let (_, _, members) = wgsl.iter().find(|(n, ..)| n == reordered.name).unwrap();
         let wgsl_fields: Vec<(&str, usize)> = members.iter().map(|(n, o)| (n.as_str(), *o as usize)).collect();

@@ -159,10 +159,10 @@ impl Kernel {
             ],
             Kernel::Update => &["sgd", "sgd_momentum", "adam"],
             Kernel::Window(_) => &["im2col", "col2im"],
-            Kernel::Pool => &["forward", "backward"],
+            Kernel::Pool => &["forward", "first_maxima", "backward"],
             Kernel::Chunks => &["combine", "accumulate"],
             Kernel::Random => &["uniform", "normal"],
-            Kernel::Rowwise => &["serial", "tree"],
+            Kernel::Rowwise => &["serial", "max_leaves", "max_parts", "sum_leaves", "sum_parts", "normalise"],
             Kernel::MatMul => &["tile128", "tile64", "skinny"],
             _ => &["main"],
         }

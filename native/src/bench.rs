@@ -37,55 +37,7 @@ impl BenchResult {
     }
 }
 
-/// Counts of the host heap, kept by `CountingAllocator` when a binary
-/// installs it as its global allocator (`kiln` does). Reads are None in a
-/// program that did not: nothing was counted.
-pub mod host_heap {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-    static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-    static BYTES: AtomicU64 = AtomicU64::new(0);
-
-    /// The system allocator, counting allocations and bytes requested
-    /// (reallocations count as one allocation of the new size).
-    pub struct CountingAllocator;
-
-    // SAFETY: every method forwards to `System` with the caller's own
-    // arguments, so `System`'s guarantees are ours; the counters are atomics
-    // and never allocate.
-    unsafe impl GlobalAlloc for CountingAllocator {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            ALLOCATIONS.fetch_add(1, Relaxed);
-            BYTES.fetch_add(layout.size() as u64, Relaxed);
-            // SAFETY: forwarded as received (see the impl's comment).
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            ALLOCATIONS.fetch_add(1, Relaxed);
-            BYTES.fetch_add(layout.size() as u64, Relaxed);
-            // SAFETY: forwarded as received.
-            unsafe { System.alloc_zeroed(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            // SAFETY: forwarded as received.
-            unsafe { System.dealloc(ptr, layout) }
-        }
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            ALLOCATIONS.fetch_add(1, Relaxed);
-            BYTES.fetch_add(new_size as u64, Relaxed);
-            // SAFETY: forwarded as received.
-            unsafe { System.realloc(ptr, layout, new_size) }
-        }
-    }
-
-    /// (allocations, bytes) since the program started, or None when no
-    /// `CountingAllocator` is installed.
-    pub fn counts() -> Option<(u64, u64)> {
-        let n = ALLOCATIONS.load(Relaxed);
-        (n > 0).then(|| (n, BYTES.load(Relaxed)))
-    }
-}
+pub mod host_heap;
 
 /// What a workload's steps did besides taking time (BENCHMARKS.md's
 /// counters), per step after warm-up.

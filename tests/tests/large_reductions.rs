@@ -207,3 +207,62 @@ fn vulkan_long_matmul_full() {
         long_matmul(&device, 1e-4);
     }
 }
+
+/// The softmax of one long row, [1, n] with every entry kept: on `device`
+/// and on the CPU, forward and backward. The values are uniform on [-2, 2)
+/// with the row's largest score (28 to 32) at its very end, so a kernel that
+/// stopped part-way along the row (lavapipe silently ends a shader loop
+/// after 65,535 iterations) would get every value wrong.
+fn long_softmax_row(device: &Device, n: usize) -> [Vec<f32>; 2] {
+    let graph = Graph::new(device);
+    let u = graph.rand_uniform(&[1, n], 11, DType::F32).unwrap();
+    let spike = graph.arange(0.0, 1.0, n, DType::I32).unwrap().eq((n - 1) as f64).unwrap();
+    // A zero variable to differentiate with respect to.
+    let z = graph.variable(&vec![0.0f32; n], &[1, n]).unwrap();
+    let x = u.mul(4.0).unwrap().add(-2.0).unwrap().add(z).unwrap();
+    let x = x.add(spike.cast(DType::F32).unwrap().mul(30.0).unwrap().reshape_to(&[1, n]).unwrap()).unwrap();
+    let y = x.causal_softmax(n as i64).unwrap();
+    let r = graph.rand_uniform(&[1, n], 12, DType::F32).unwrap();
+    let g = graph.grad(y.mul(r).unwrap().sum_all().unwrap(), &[z], None).unwrap();
+    [y.to_vec_blocking::<f32>().unwrap(), g[0].to_vec_blocking::<f32>().unwrap()]
+}
+
+/// A softmax row whose sum of exponentials a serial f32 fold gets wrong:
+/// a 1 (the maximum) then 2^21 terms of about 2^-25 (a quarter of 1's ulp),
+/// which a serial sum drops one by one. The summation rule keeps them:
+/// y[0] = 1 / (1 + 2^21 e) ~ 0.94, not 1.
+#[test]
+fn cpu_causal_softmax_sums_a_long_row_by_the_rule() {
+    let n = (1 << 21) + 1;
+    let mut x = vec![-25.0 * std::f32::consts::LN_2; n];
+    x[0] = 0.0;
+    let graph = Graph::new(&Device::cpu());
+    let y = graph.tensor_from(&x, &[1, n]).unwrap().causal_softmax(n as i64).unwrap().to_vec_blocking::<f32>().unwrap();
+    let tail = f64::from(((-25.0 * std::f32::consts::LN_2) as f32).exp());
+    let want = 1.0 / (1.0 + (n - 1) as f64 * tail);
+    // The rule drops what the first leaf's 127 small terms add to 1
+    // (3.6e-6 relative); a serial fold drops all 2^21 of them (y[0] = 1).
+    close(f64::from(y[0]), want, 1e-5);
+    close(f64::from(y[n - 1]), want * tail, 1e-5);
+}
+
+/// The longest row lavapipe binds (2^25 f32 = 128 MiB, its
+/// max_storage_buffer_binding_size): 2^18 leaves, so a row max and a sum
+/// over three passes (1,024 workgroups, then 4, then 1). Matches the CPU
+/// forward and backward; the rows sum to 1.
+#[test]
+fn vulkan_causal_softmax_of_the_longest_bindable_row() {
+    let Some(device) = common::vulkan_device("large_reductions") else { return };
+    let n = 1 << 25;
+    let [want, want_grad] = long_softmax_row(&Device::cpu(), n);
+    let [got, got_grad] = long_softmax_row(&device, n);
+    let biggest = want_grad.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for i in 0..n {
+        let (a, e) = (f64::from(got[i]), f64::from(want[i]));
+        assert!((a - e).abs() <= 1e-5 * e.abs(), "softmax entry {i}: vulkan {a}, cpu {e}");
+        let (a, e) = (got_grad[i], want_grad[i]);
+        assert!((a - e).abs() <= 1e-4 * (e.abs() + 1e-3 * biggest), "gradient entry {i}: vulkan {a}, cpu {e}");
+    }
+    close(got.iter().map(|&v| f64::from(v)).sum(), 1.0, 1e-5);
+    assert!(got[n - 1] > 0.5, "the spike at the row's end holds most of the mass: {}", got[n - 1]);
+}

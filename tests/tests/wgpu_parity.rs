@@ -538,8 +538,8 @@ fn composed_ops_backward() {
     });
 }
 
-/// The fused CausalSoftmax kernel (both entry points: one thread per row
-/// below 128 keys, a workgroup per row from 128) forward and through its
+/// The fused CausalSoftmax kernel (one thread per row up to 128 keys,
+/// workgroups over several passes beyond; see also `causal_softmax_long_rows`) forward and through its
 /// gradient, with fully masked rows (negative diagonals) and -inf scores;
 /// then the causal attention that uses it.
 #[test]
@@ -572,6 +572,73 @@ fn causal_softmax_forward_and_backward() {
         let y = kiln::nn::scaled_dot_product_attention(qv, kv, vv, None, true, None, None)?;
         Ok((vec![y], vec![qv, kv, vv]))
     });
+}
+
+/// `got` within `tol` of `want` relative to each element (plus `tol` x 1e-3
+/// of the largest |want|, for values that cancel), NaN == NaN: softmax
+/// values over long rows are far below 1, where `compare` is absolute.
+#[track_caller]
+fn compare_relative(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+    for (i, (a, e)) in got.iter().zip(want).enumerate() {
+        let ok = if a.is_nan() || e.is_nan() {
+            a.is_nan() && e.is_nan()
+        } else {
+            (a - e).abs() <= tol * (e.abs() + 1e-3 * scale)
+        };
+        assert!(ok, "{what}: element {i}: wgpu {a}, cpu {e} (relative tolerance {tol})");
+    }
+}
+
+/// CausalSoftmax rows longer than one leaf (128) take the multi-pass path:
+/// the row max and the rule's sum of exponentials by workgroups over one or
+/// more passes, then one thread per element. Rows of 129 (two leaves) and
+/// of 40,000 (313 leaves: two workgroups, then a pass over their partials),
+/// causal limits inside the row, a row of -inf (zeros) and a NaN (NaN row);
+/// the largest score sits at the row's end, so a kernel that skipped part
+/// of a row would get every value wrong. Forward and backward.
+#[test]
+fn causal_softmax_long_rows() {
+    let Some(wg) = wgpu_device() else { return };
+    for (dims, diagonal) in [([2usize, 2, 129], 127i64), ([1, 3, 40_000], 39_997), ([1, 2, 300], 100)] {
+        let (l, s) = (dims[1], dims[2]);
+        let n: usize = dims.iter().product();
+        let mut x = rand(n, 70 + n as u64, -3.0, 3.0);
+        for r in 0..n / s {
+            // The last kept entry of each row is its maximum.
+            let kept = ((r % l) as i64 + diagonal + 1).clamp(0, s as i64) as usize;
+            if kept > 0 {
+                x[r * s + kept - 1] = 9.0;
+            }
+        }
+        let what = format!("causal_softmax {dims:?} diagonal {diagonal}");
+        let mut special = x.clone();
+        if dims[0] * dims[1] >= 3 {
+            special[s..2 * s].fill(f32::NEG_INFINITY);
+            special[2 * s + 5] = f32::NAN;
+        }
+        let run = |device: &Device, values: &[f32]| -> (Vec<f64>, Vec<f64>) {
+            let g = Graph::new(device);
+            let xv = g.variable(values, &dims).unwrap();
+            let y = xv.causal_softmax(diagonal).unwrap();
+            let r = g.tensor_from(&rand(n, 901, -1.0, 1.0), &dims).unwrap();
+            let grads = g.grad(y.mul(r).unwrap().sum_all().unwrap(), &[xv], None).unwrap();
+            (read(&y).to_f64_vec(), read(&grads[0]).to_f64_vec())
+        };
+        let ((want, want_grad), (got, got_grad)) = (run(&Device::cpu(), &x), run(&wg, &x));
+        compare_relative(&format!("{what}: value"), &got, &want, 1e-5);
+        compare_relative(&format!("{what}: gradient"), &got_grad, &want_grad, GRADIENTS);
+        for r in 0..n / s {
+            let total: f64 = got[r * s..(r + 1) * s].iter().sum();
+            assert!((total - 1.0).abs() < 1e-4, "{what}: row {r} sums to {total} on wgpu");
+        }
+        let values = |device: &Device| {
+            let g = Graph::new(device);
+            read(&g.tensor_from(&special, &dims).unwrap().causal_softmax(diagonal).unwrap()).to_f64_vec()
+        };
+        compare_relative(&format!("{what} with -inf and NaN"), &values(&wg), &values(&Device::cpu()), 1e-5);
+    }
 }
 
 fn optimizer_values(device: &Device, which: usize) -> Vec<f64> {
@@ -764,6 +831,36 @@ fn pools() -> Vec<Pool> {
         ([2, 3], [1, 2], [1, 1], [2, 1], true),
         ([3, 3], [3, 3], [1, 1], [1, 1], true),
     ]
+}
+
+/// Large overlapping windows: a 32 x 32 max pool at stride 1 puts a pixel
+/// in up to 1,024 windows, and a gradient kernel that searched every such
+/// window for its maximum looped over a million times per pixel, far past
+/// the 65,535 loop iterations after which lavapipe silently stops a shader
+/// (its gradients came out wrong). Exact against the CPU. A
+/// window over the documented bound (`kiln_wgsl::MAX_WINDOW` elements) is
+/// refused on wgpu with an error that names it, not computed wrongly.
+#[test]
+fn max_pool2d_large_windows() {
+    let Some(wg) = wgpu_device() else { return };
+    let dims = [1, 1, 64, 65];
+    let n: usize = dims.iter().product();
+    let x = rand(n, 88, -1.0, 1.0);
+    forward(&wg, "max_pool2d 32 x 32, stride 1", EXACT, |g| {
+        let v = g.variable(&x, &dims)?;
+        let y = v.max_pool2d([32, 32], [1, 1], [0, 0], [1, 1], false)?;
+        let r = g.tensor_from(&rand(y.numel(), 89, -1.0, 1.0), &y.dims())?;
+        let mut outs = vec![y];
+        outs.extend(g.grad(y.mul(r)?.sum_all()?, &[v], None)?);
+        Ok(outs)
+    });
+    let long = kiln_wgsl::MAX_WINDOW + 1;
+    let g = Graph::new(&wg);
+    let y =
+        g.zeros(&[1, 1, 1, long], DType::F32).unwrap().max_pool2d([1, long], [1, 1], [0, 0], [1, 1], false).unwrap();
+    let err = pollster::block_on(y.to_host()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains(&format!("{long} elements")), "{err}");
 }
 
 #[test]

@@ -8,7 +8,8 @@ use kiln_core::{DType, Result};
 
 use super::unsupported_dtype;
 use super::window::geometry;
-use crate::params::{words, Pool};
+use crate::geometry::word;
+use crate::params::{words, Pool, Window};
 use crate::shaders::Kernel;
 use crate::{Arg, WgpuBackend};
 
@@ -63,8 +64,25 @@ pub(crate) fn max_pool2d_backward(
     if n == 0 {
         return Ok(());
     }
-    let window = geometry(OP, window, n, n.max(grad.numel()), [d[2], d[3]], [oh, ow])?;
-    let params = Pool { window, empty: f32::NEG_INFINITY };
-    let args = [(1, Arg::input(x)), (2, Arg::input(grad)), (3, Arg::output(out))];
-    be.launch(OP, Kernel::Pool, "backward", &args, words(&params), be.grid_for(OP, n)?)
+    let windows = grad.numel();
+    let geometry = geometry(OP, window, n, n.max(windows), [d[2], d[3]], [oh, ow])?;
+    // First each window's first maximum (one thread per window), then the
+    // gather over the windows holding each pixel: each thread loops over one
+    // window's elements, never over a window per window it belongs to.
+    let params = Pool { window: geometry, empty: f32::NEG_INFINITY };
+    let per_window = Pool { window: Window { n: word(OP, windows)?, ..geometry }, ..params };
+    let firsts = be.scratch(FIRSTS_DTYPE, windows)?;
+    let slots = |write| Arg::Buffer { id: firsts, dtype: FIRSTS_DTYPE, len: windows, write };
+    let result = (|| {
+        let args = [(1, Arg::input(x)), (4, slots(true))];
+        be.launch(OP, Kernel::Pool, "first_maxima", &args, words(&per_window), be.grid_for(OP, windows)?)?;
+        let args = [(5, slots(false)), (2, Arg::input(grad)), (3, Arg::output(out))];
+        be.launch(OP, Kernel::Pool, "backward", &args, words(&params), be.grid_for(OP, n)?)
+    })();
+    be.free_scratch(firsts);
+    result
 }
+
+/// Window positions (u32, NONE for a window holding no pixel) travel in a
+/// buffer allocated as i32, which has the same word size.
+const FIRSTS_DTYPE: DType = DType::I32;

@@ -15,7 +15,9 @@ use crate::{Arg, WgpuBackend};
 
 /// The geometry block of window.wgsl and pool.wgsl (p[0] = `n`, then
 /// p[1..13]); checks that the kernels' u32 index arithmetic cannot wrap:
-/// every position in the padded image and every element index fits.
+/// every position in the padded image and every element index fits; and
+/// that a window holds at most `MAX_WINDOW` elements, so that no
+/// invocation's loop over one window grows past a fixed bound.
 pub(crate) fn geometry(
     op: &'static str,
     window: &Window2d,
@@ -29,6 +31,18 @@ pub(crate) fn geometry(
         word(op, image + window.pad_begin[a] as usize + window.pad_end[a] as usize)?;
     }
     word(op, largest)?;
+    let [kh, kw] = window.kernel.map(|k| k as usize);
+    if kh.saturating_mul(kw) > crate::MAX_WINDOW {
+        return Err(kiln_core::Error::unsupported(
+            op,
+            format!(
+                "a {kh} x {kw} window ({} elements) is more than the wgpu backend's bound of {} elements per \
+                 window (kiln_wgsl::MAX_WINDOW: one invocation loops over a window); use the CPU device",
+                kh.saturating_mul(kw),
+                crate::MAX_WINDOW
+            ),
+        ));
+    }
     Ok(Window {
         n: word(op, n)?,
         image: [word(op, h)?, word(op, w)?],

@@ -2,14 +2,22 @@
 //
 // Bindings: 0 params: Pool, 1 x: array<f32> (read; the pooled input),
 // 2 grad: array<f32> (read; the gradient of the pooled output, `backward` only),
-// 3 out: array<f32> (read_write).
+// 3 out: array<f32> (read_write), 4 firsts_out: array<u32> (read_write) and
+// 5 firsts: array<u32> (read): each window's first maximum (its position in
+// the plane, NONE for a window holding no pixel), one per window.
 // Params: the window geometry (common.wgsl's Window, as window.wgsl) and
 //   `empty`, -inf (the value of a window holding no pixel; passed in because
 //   a non-finite constant is not a valid WGSL expression). The window
 //   arithmetic (`window_pixel`, `window_position`) is common.wgsl's, shared
 //   with window.wgsl.
 // Launch: ceil(n / WG) workgroups folded into a 2-D grid, one output element
-// per thread.
+// (`first_maxima`: one window) per thread.
+//
+// Every invocation loops over at most one window (kh + kh kw iterations;
+// the host refuses windows of more than MAX_WINDOW = 2^14 elements), far
+// below the 65,535 loop iterations after which lavapipe silently stops a
+// shader. (A gradient that searched every window holding a pixel for its
+// maximum looped kh kw times over a window.)
 //
 // A window's maximum is its FIRST maximum in row-major (i, j) order: a later
 // element replaces the best one only when strictly greater; a NaN replaces
@@ -18,9 +26,12 @@
 //
 // Entry points:
 // - `forward` (1, 3): out[n, c, oy, ox] = x at window (oy, ox)'s first max.
-// - `backward` (1, 2, 3): a gather — each input pixel sums grad over the windows
-//   that contain it and whose first maximum it is, in row-major (oy, ox)
-//   order, the order in which the CPU adds them: the same bits, no atomics.
+// - `first_maxima` (1, 4): firsts_out[plane, oy, ox] = the position of window
+//   (oy, ox)'s first max, `n` = the number of windows.
+// - `backward` (5, 2, 3): a gather — each input pixel sums grad over the
+//   windows that contain it and whose first maximum (from `first_maxima`) it
+//   is, in row-major (oy, ox) order, the order in which the CPU adds them:
+//   the same bits, no atomics.
 
 struct Pool {
     window: Window,
@@ -31,6 +42,8 @@ struct Pool {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> grad: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> firsts_out: array<u32>;
+@group(0) @binding(5) var<storage, read> firsts: array<u32>;
 
 // Position y * w + x in the plane starting at `base` of window (oy, ox)'s
 // first maximum, or NONE when the window holds no pixel.
@@ -85,6 +98,20 @@ fn forward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
 }
 
 @compute @workgroup_size(WG)
+fn first_maxima(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let e = flat_id(wg, lid);
+    let g = params.window;
+    if (e >= g.n) {
+        return;
+    }
+    let ow = g.positions[1];
+    let l = g.positions[0] * ow;
+    let q = e % l;
+    let plane = e / l;
+    firsts_out[e] = first_max(g, plane * g.image[0] * g.image[1], q / ow, q % ow);
+}
+
+@compute @workgroup_size(WG)
 fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let e = flat_id(wg, lid);
     let g = params.window;
@@ -99,7 +126,6 @@ fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let kw = g.kernel[1];
     let pos = e % (h * w);
     let plane = e / (h * w);
-    let base = plane * h * w;
     let gbase = plane * oh * ow;
     let py = pos / w + g.pad[0];
     let px = pos % w + g.pad[1];
@@ -116,7 +142,7 @@ fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
             if (ox == NONE) {
                 continue;
             }
-            if (first_max(g, base, oy, ox) == pos) {
+            if (firsts[gbase + oy * ow + ox] == pos) {
                 acc += grad[gbase + oy * ow + ox];
             }
         }

@@ -9,7 +9,10 @@
 // window arithmetic (`window_pixel`, `window_position`) is common.wgsl's,
 // shared with pool.wgsl.
 // Launch: ceil(n / WG) workgroups folded into a 2-D grid, one output element
-// per thread.
+// per thread. `col2im` loops over one window (kh + kh kw iterations); the
+// host refuses windows of more than MAX_WINDOW = 2^14 elements, so that
+// stays far below the 65,535 loop iterations after which lavapipe silently
+// stops a shader.
 //
 // Entry points:
 // - `im2col` (1 = image [N, C, H, W], 2 = columns [N, C·kh·kw, oh·ow]):

@@ -1,8 +1,11 @@
 //! Row-wise kernels over the last axis: CausalSoftmax. Each row is written
-//! by one loop in index order (max, then the sum of exponentials, then the
-//! quotients), so results are identical run after run at any thread count.
+//! by one thread: the max, then the exponentials summed by the summation
+//! rule (docs/reductions.md: leaves of `LEAF`, a power-of-two tree; the wgpu
+//! kernel sums in the same order), then the quotients. Results are identical
+//! run after run at any thread count.
 
 use super::layout::for_chunks_weighted;
+use super::reduce::{Tree, LEAF};
 use super::scalar::Num;
 use super::{with_float, In, Out};
 use crate::backend::checks;
@@ -42,12 +45,20 @@ fn softmax_row<T: Num>(x: &[T], kept: usize, dst: &mut [T]) {
         head.fill(T::ZERO);
         return;
     }
-    let mut total = T::ZERO;
-    for (d, &v) in head.iter_mut().zip(x) {
-        let e = T::unary(UnaryOp::Exp, T::binary(BinaryOp::Sub, v, max));
-        *d = e;
-        total = total.add(e);
+    // A serial sum of exponentials stops growing at 2^24 terms in f32; the
+    // rule's error grows like log n.
+    let add = |a: T, b: T| a.add(b);
+    let mut tree = Tree::new();
+    for (leaf, xs) in head.chunks_mut(LEAF).zip(x.chunks(LEAF)) {
+        let mut acc = T::ZERO;
+        for (d, &v) in leaf.iter_mut().zip(xs) {
+            let e = T::unary(UnaryOp::Exp, T::binary(BinaryOp::Sub, v, max));
+            *d = e;
+            acc = acc.add(e);
+        }
+        tree.push(acc, &add);
     }
+    let total = tree.finish(&add).unwrap_or(T::ZERO);
     for d in head.iter_mut() {
         *d = T::binary(BinaryOp::Div, *d, total);
     }
