@@ -15,6 +15,8 @@ mod erf;
 mod exp;
 pub mod expr;
 mod table;
+#[cfg(test)]
+mod ulp;
 pub(crate) use table::FRAC_1_SQRT_2PI;
 
 pub use attrs::{Perm, SliceAttr};
