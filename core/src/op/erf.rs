@@ -15,7 +15,7 @@
 //!   relative in erfc.
 //! Coefficients: iteratively reweighted least squares (near-minimax) fits in
 //! f64 by our script, rounded to f32; fit errors 1.2e-9 relative (P),
-//! 8.2e-9 absolute (R), 1.9e-9 relative (exp polynomial).
+//! 8.2e-9 absolute (R); the exp polynomial is exp.rs's.
 
 /// erf(x)/x − 1 = P(x²) on |x| < 1, highest degree first (erf(x) is
 /// computed as x + x·P(x²): the leading term exact, P ≤ 0.13 carrying the
@@ -33,20 +33,11 @@ const LARGE: [f32; 9] = [
     -0.3572219,
     -1.5426176,
 ];
+use super::exp::{horner, EXP_POLY};
+
 const LARGE_MID: f32 = 2.46;
 const SPLIT: f32 = 1.0;
 const CLAMP: f32 = 3.92;
-/// e^r on |r| ≤ ln2/2, highest degree first.
-const EXP: [f32; 7] = [1.3836838e-3, 8.374822e-3, 4.1668225e-2, 0.1666642, 0.49999991, 1.0, 1.0];
-
-#[inline(always)]
-fn horner<const N: usize>(c: &[f32; N], t: f32) -> f32 {
-    let mut r = c[0];
-    for &k in &c[1..] {
-        r = r * t + k;
-    }
-    r
-}
 
 /// e^q for q in [−17, −1] (all that erf needs: no overflow, no subnormal
 /// results): q = n·ln2 + r, e^q = 2ⁿ·e^r.
@@ -62,7 +53,7 @@ fn exp_negative(q: f32) -> f32 {
     let n = (q * LOG2E + SHIFTER) - SHIFTER;
     let r = (q - n * LN2_HI) - n * LN2_LO;
     let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    horner(&EXP, r) * scale
+    horner(&EXP_POLY, r) * scale
 }
 
 /// The error function, f32, branch-free. erf(±0) = ±0, erf(±∞) = ±1,

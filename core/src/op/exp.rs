@@ -16,8 +16,9 @@
 /// relative error 1.9e-9, rounded to f32; shared with erf's tail).
 pub(crate) const EXP_POLY: [f32; 7] = [1.3836838e-3, 8.374822e-3, 4.1668225e-2, 0.1666642, 0.49999991, 1.0, 1.0];
 
+/// Polynomial c[0]·tᴺ⁻¹ + … + c[N−1] by Horner's rule (also erf's).
 #[inline(always)]
-fn horner<const N: usize>(c: &[f32; N], t: f32) -> f32 {
+pub(crate) fn horner<const N: usize>(c: &[f32; N], t: f32) -> f32 {
     let mut r = c[0];
     for &k in &c[1..] {
         r = r * t + k;
