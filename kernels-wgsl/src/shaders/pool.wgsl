@@ -77,6 +77,18 @@ fn first_max(g: Window, base: u32, oy: u32, ox: u32) -> u32 {
     return best;
 }
 
+// Offset of the image plane that output element e pools over.
+fn plane_base(g: Window, e: u32) -> u32 {
+    return (e / (g.positions[0] * g.positions[1])) * g.image[0] * g.image[1];
+}
+
+// first_max for output element e (plane, oy, ox in row-major order).
+fn output_first_max(g: Window, e: u32) -> u32 {
+    let ow = g.positions[1];
+    let q = e % (g.positions[0] * ow);
+    return first_max(g, plane_base(g, e), q / ow, q % ow);
+}
+
 @compute @workgroup_size(WG)
 fn forward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let e = flat_id(wg, lid);
@@ -84,12 +96,8 @@ fn forward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     if (e >= g.n) {
         return;
     }
-    let ow = g.positions[1];
-    let l = g.positions[0] * ow;
-    let q = e % l;
-    let plane = e / l;
-    let base = plane * g.image[0] * g.image[1];
-    let pos = first_max(g, base, q / ow, q % ow);
+    let base = plane_base(g, e);
+    let pos = output_first_max(g, e);
     if (pos == NONE) {
         out[e] = params.empty;
     } else {
@@ -104,11 +112,7 @@ fn first_maxima(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     if (e >= g.n) {
         return;
     }
-    let ow = g.positions[1];
-    let l = g.positions[0] * ow;
-    let q = e % l;
-    let plane = e / l;
-    firsts_out[e] = first_max(g, plane * g.image[0] * g.image[1], q / ow, q % ow);
+    firsts_out[e] = output_first_max(g, e);
 }
 
 @compute @workgroup_size(WG)
