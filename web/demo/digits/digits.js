@@ -2,7 +2,7 @@
 // loss and test accuracy live, classify digits drawn on a canvas.
 // Training runs on the main thread in time slices (~12 ms of steps, then a
 // yield to the event loop), so the page stays responsive.
-import { init, Kiln, Adam, crossEntropy, loadDigits } from '../pkg/index.js';
+import { init, Kiln, Adam, crossEntropy, loadDigits } from '../../pkg/index.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -129,7 +129,7 @@ async function trainModel() {
   } finally {
     opt.free();
     graph.free();
-    $('train').disabled = false; $('stop').disabled = true;
+    $('train').disabled = false; $('stop').disabled = true; $('download').disabled = false;
     predictFromPad();
   }
 }
@@ -143,6 +143,45 @@ setInterval(() => {
 }, 20);
 
 $('train').onclick = () => trainModel();
+
+// ----- checkpoints: the model's stateDict() bytes (safetensors, native kiln's keys) --
+
+$('download').onclick = async () => {
+  const bytes = await model.stateDict();
+  const url = URL.createObjectURL(new Blob([bytes], { type: 'application/octet-stream' }));
+  const a = Object.assign(document.createElement('a'), { href: url, download: `kiln-digits-mlp-${model.parameters()[0].shape[0]}.safetensors` });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+};
+$('upload').onchange = async () => {
+  const file = $('upload').files[0];
+  if (!file) return;
+  try {
+    const bytes = new Uint8Array(await file.arrayBuffer());
+    // The hidden width: from the name the download gave the file, else the field; loadStateDict
+    // refuses a file whose shapes differ, naming every mismatched key.
+    const hidden = Number(file.name.match(/mlp-(\d+)/)?.[1] ?? $('hidden').value);
+    const next = kiln.mlp([64, hidden, 10], 'relu', 1);
+    next.loadStateDict(bytes);
+    model?.free();
+    model = next;
+    $('hidden').value = hidden;
+    demo.checkpoint = { loaded: file.name, size: file.size };
+    const graph = kiln.graph();
+    const accuracy = await evaluate(graph);
+    graph.free();
+    $('status').textContent = `loaded ${file.name} (${file.size} bytes): test accuracy ${(accuracy * 100).toFixed(1)}% — draw a digit`;
+    $('download').disabled = false;
+    await predictFromPad();
+  } catch (e) {
+    $('status').textContent = `error: ${e.message}`;
+    demo.error = e.message;
+  } finally {
+    $('upload').value = '';
+  }
+};
 $('stop').onclick = () => { stopRequested = true; };
 
 // ----- drawing -------------------------------------------------------------
@@ -218,6 +257,7 @@ async function predictFromPad() {
 
 drawChart();
 $('train').disabled = false;
+$('upload').disabled = false;
 $('status').textContent = `ready: ${train.length} training and ${test.length} test digits · press Train`;
 demo.state = 'ready';
 if (params.get('autotrain')) trainModel();
