@@ -1,4 +1,4 @@
-// The demo page in headless Chromium, on the CPU fallback and on WebGPU
+// The digits demo page in headless Chromium, on the CPU fallback and on WebGPU
 // (SwiftShader): it trains, the loss falls, the test accuracy passes a
 // threshold, the page stays responsive, a drawn digit gets a prediction.
 // Then the checkpoint round trip: download, reload, upload, the same
@@ -31,8 +31,8 @@ for (const webgpu of [false, true]) test(`demo trains an MLP on the digits in th
     assert.ok(tail < head * 0.2, `loss should fall: ${head} -> ${tail}`);
     const final = demo.accuracies.at(-1).accuracy;
     assert.ok(final > 0.93, `test accuracy ${final}`);
-    // Unloaded, the longest gap is ~60-80 ms; the bound leaves room for a busy 2-core CI machine.
-    assert.ok(demo.maxGapMs < 1000, `the page stalled for ${demo.maxGapMs} ms while training`);
+    // Training runs in a Web Worker: the page only draws (gaps ~80 ms at load ~11 on 2 cores).
+    assert.ok(demo.maxGapMs < 400, `the page stalled for ${demo.maxGapMs} ms while training: ${JSON.stringify(demo.longGaps)}`);
     assert.equal(demo.device.device, webgpu ? 'webgpu' : 'cpu', JSON.stringify(demo.device));
     assert.match(await page.textContent('#device'), webgpu ? /^WebGPU/ : /^CPU/);
 

@@ -21,7 +21,8 @@ export function startWorker(url) {
     else p.resolve(data.result);
   };
   worker.onerror = (e) => {
-    const error = new Error(`worker: ${e.message}`);
+    // A module that fails to load gives an event without a message.
+    const error = new Error(`worker ${url}: ${e.message ?? 'failed to load (see the console)'}`);
     for (const p of pending.values()) p.reject(error);
     pending.clear();
     for (const fn of listeners.get('error') ?? []) fn({ error: error.message });
