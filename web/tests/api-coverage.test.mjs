@@ -34,7 +34,6 @@ export const exceptions = {
   ConvOptions: 'a Rust options struct; JS passes the same fields as an object to conv2d/convTranspose2d',
   AttentionDropout: 'an option of MultiheadAttention/TransformerBlock (the dropout probability) in JS',
   LayerCache: 'KvCache internals',
-  KvCache: 'NOT DONE: cached inference (forward_cached) is not in JS yet',
   'init::fans': 'a helper of the initialisers (fan-in/fan-out of a shape)',
   prefix_entries: 'a helper of #[derive(Module)] for checkpoint keys',
   dedup_params: 'a helper of Module::parameters',

@@ -135,6 +135,17 @@ for (const webgpu of [false, true]) test(`Shakespeare GPT demo: trains in a work
     t.diagnostic(`sample after step ${demo.samples.at(-1).step}: ${JSON.stringify(demo.samples.at(-1).text)}`);
     assert.equal(await page.textContent('#sample'), `after step ${steps}:\n\n${demo.samples.at(-1).text}`);
     await page.screenshot({ path: path.join(outDir, `demo-gpt${suffix}.png`), fullPage: true });
+    if (!webgpu) {
+      // Sampling through the KvCache writes what re-running the whole context writes.
+      const write = (cached) => page.evaluate(async (cached) => {
+        const t0 = performance.now();
+        const text = await window.kilnDemo.rpc('generate', { prompt: 'ROMEO.\n', length: 50, seed: 3, cached });
+        return { text, ms: performance.now() - t0 };
+      }, cached);
+      const [withCache, without] = [await write(true), await write(false)];
+      t.diagnostic(`50 characters: ${withCache.ms.toFixed(0)} ms with the KvCache, ${without.ms.toFixed(0)} ms re-running the context`);
+      assert.equal(withCache.text, without.text);
+    }
 
     const file = await download(page, `demo-gpt${suffix}.safetensors`);
     const keys = safetensorsKeys(file);
