@@ -48,7 +48,7 @@ export const exceptions = {
   'init::kaiming_normal': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
   checkpoint_many: 'NOT DONE: activation checkpointing is not in JS',
   checkpoint: 'NOT DONE: activation checkpointing is not in JS',
-  BackwardOptions: 'NOT DONE: backward() in JS has no options (retain graph, create graph)',
+  BackwardOptions: "its two fields are Tensor.backward(seed?, keepGraph?)'s arguments (higher order is graph.grad, as in Rust)",
 };
 
 /** `pub fn|struct|enum|trait NAME` at the top level of the module files. */
