@@ -5,8 +5,8 @@
 //
 // `offsets` reads the parameters where they are bound. Passing the struct
 // to a function by value instead copies all its 46 words into every
-// invocation: on lavapipe (Mesa's software Vulkan) that made a broadcasting
-// Add 60 times slower than a unary op of the same size.
+// invocation: on lavapipe (Mesa's software Vulkan) an Add over [12, 64, 128]
+// took 325 ns per element that way, 16-55 ns reading in place.
 
 // One operand of a strided iteration: its base offset and its strides (in
 // elements; 0 along broadcast axes) over the iteration dims.
