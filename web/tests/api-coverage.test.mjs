@@ -34,7 +34,6 @@ export const exceptions = {
   ConvOptions: 'a Rust options struct; JS passes the same fields as an object to conv2d/convTranspose2d',
   AttentionDropout: 'an option of MultiheadAttention/TransformerBlock (the dropout probability) in JS',
   LayerCache: 'KvCache internals',
-  KvCache: 'NOT DONE: cached inference (forward_cached) is not in JS yet',
   'init::fans': 'a helper of the initialisers (fan-in/fan-out of a shape)',
   prefix_entries: 'a helper of #[derive(Module)] for checkpoint keys',
   dedup_params: 'a helper of Module::parameters',
@@ -49,7 +48,7 @@ export const exceptions = {
   'init::kaiming_normal': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
   checkpoint_many: 'NOT DONE: activation checkpointing is not in JS',
   checkpoint: 'NOT DONE: activation checkpointing is not in JS',
-  BackwardOptions: 'NOT DONE: backward() in JS has no options (retain graph, create graph)',
+  BackwardOptions: "its two fields are Tensor.backward(seed?, keepGraph?)'s arguments (higher order is graph.grad, as in Rust)",
 };
 
 /** `pub fn|struct|enum|trait NAME` at the top level of the module files. */

@@ -1,7 +1,9 @@
 // The worker demos (MNIST CNN, Shakespeare GPT) and the demo index in
 // headless Chromium, on the CPU fallback and on WebGPU (SwiftShader): a few
-// training steps in the page's Web Worker, the loss falls, the page's event
-// loop never stalls > 400 ms, the draw box answers / samples appear, and the
+// training steps in the page's Web Worker, the loss falls, the page's main
+// thread runs no task > 400 ms (the Long Tasks API; timer gaps, which also
+// count a loaded machine's scheduling, are reported and held to 3 s), the
+// draw box answers / samples appear, and the
 // checkpoint download → reset → upload round trip restores the same
 // predictions. Kept short (the CI box has 2 cores; SwiftShader is slow).
 // Screenshots: test-output/demo-{mnist,gpt}{,-webgpu}.png; the downloaded
@@ -48,6 +50,13 @@ async function download(page, name) {
   return file;
 }
 
+/** The page's own work never blocked it > 400 ms; nor was it frozen for seconds. */
+function noStall(demo) {
+  assert.ok(demo.longTasksObserved, 'this Chromium reports long tasks');
+  assert.ok(demo.maxTaskMs < 400, `the page ran a ${demo.maxTaskMs} ms task while the worker trained`);
+  assert.ok(demo.maxGapMs < 3000, `the page did not run for ${demo.maxGapMs} ms while the worker trained`);
+}
+
 const expectDevice = (demo, webgpu) => assert.equal(demo.device.device, webgpu ? 'webgpu' : 'cpu', JSON.stringify(demo.device));
 const maxDiff = (a, b) => Math.max(...a.map((v, i) => Math.abs(v - b[i])));
 
@@ -74,11 +83,11 @@ for (const webgpu of [false, true]) test(`MNIST CNN demo: trains in a worker, re
     expectDevice(demo, webgpu);
     assert.match(await page.textContent('#device'), webgpu ? /^WebGPU/ : /^CPU/);
     const losses = demo.losses;
-    t.diagnostic(`${demo.result.steps} steps in ${demo.result.seconds.toFixed(1)} s; loss ${losses.slice(0, 3).map((l) => l.toFixed(3))} … ${losses.slice(-3).map((l) => l.toFixed(3))}; test accuracy ${demo.result.accuracy} on ${demo.device.test} images; max event-loop gap ${demo.maxGapMs.toFixed(0)} ms, gaps > 150 ms [at ms, length] ${JSON.stringify(demo.longGaps ?? [])}`);
+    t.diagnostic(`${demo.result.steps} steps in ${demo.result.seconds.toFixed(1)} s; loss ${losses.slice(0, 3).map((l) => l.toFixed(3))} … ${losses.slice(-3).map((l) => l.toFixed(3))}; test accuracy ${demo.result.accuracy} on ${demo.device.test} images; longest main-thread task ${demo.maxTaskMs.toFixed(0)} ms, longest timer gap ${demo.maxGapMs.toFixed(0)} ms, gaps > 150 ms [at ms, length] ${JSON.stringify(demo.longGaps ?? [])}`);
     assert.equal(losses.length, steps);
     const head = mean(losses.slice(0, 3)), tail = mean(losses.slice(-3));
     assert.ok(tail < head * (webgpu ? 0.97 : 0.6), `loss should fall: ${head} -> ${tail}`);
-    assert.ok(demo.maxGapMs < 400, `the page stalled for ${demo.maxGapMs} ms while the worker trained`);
+    noStall(demo);
     if (!webgpu) assert.ok(demo.result.accuracy > 0.6, `test accuracy ${demo.result.accuracy} after ${steps} steps`);
 
     // Draw a "1": a vertical stroke down the middle of the 280×280 pad.
@@ -125,16 +134,27 @@ for (const webgpu of [false, true]) test(`Shakespeare GPT demo: trains in a work
     const { page, demo, logs } = await openDemo(browser, `${srv.url}/demo/gpt/?autotrain=1&steps=${steps}&sampleEvery=${every}&sampleLength=${length}${webgpu ? '' : '&device=cpu'}`);
     expectDevice(demo, webgpu);
     const losses = demo.losses;
-    t.diagnostic(`${demo.result.steps} steps in ${demo.result.seconds.toFixed(1)} s (${demo.device.parameters} parameters, vocab ${demo.device.vocab}); loss ${losses.slice(0, 3).map((l) => l.toFixed(3))} … ${losses.slice(-3).map((l) => l.toFixed(3))}; max event-loop gap ${demo.maxGapMs.toFixed(0)} ms, gaps > 150 ms [at ms, length] ${JSON.stringify(demo.longGaps ?? [])}`);
+    t.diagnostic(`${demo.result.steps} steps in ${demo.result.seconds.toFixed(1)} s (${demo.device.parameters} parameters, vocab ${demo.device.vocab}); loss ${losses.slice(0, 3).map((l) => l.toFixed(3))} … ${losses.slice(-3).map((l) => l.toFixed(3))}; longest main-thread task ${demo.maxTaskMs.toFixed(0)} ms, longest timer gap ${demo.maxGapMs.toFixed(0)} ms, gaps > 150 ms [at ms, length] ${JSON.stringify(demo.longGaps ?? [])}`);
     assert.equal(losses.length, steps);
     assert.ok(losses[0] > 3.5, `the first loss is near ln(vocab): ${losses[0]}`);
     assert.ok(mean(losses.slice(-3)) < losses[0] * (webgpu ? 0.85 : 0.75), `loss should fall: ${losses}`);
-    assert.ok(demo.maxGapMs < 400, `the page stalled for ${demo.maxGapMs} ms while the worker trained`);
+    noStall(demo);
     assert.equal(demo.samples.length, steps / every);
     for (const s of demo.samples) assert.equal(s.text.length, length);
     t.diagnostic(`sample after step ${demo.samples.at(-1).step}: ${JSON.stringify(demo.samples.at(-1).text)}`);
     assert.equal(await page.textContent('#sample'), `after step ${steps}:\n\n${demo.samples.at(-1).text}`);
     await page.screenshot({ path: path.join(outDir, `demo-gpt${suffix}.png`), fullPage: true });
+    if (!webgpu) {
+      // Sampling through the KvCache writes what re-running the whole context writes.
+      const write = (cached) => page.evaluate(async (cached) => {
+        const t0 = performance.now();
+        const text = await window.kilnDemo.rpc('generate', { prompt: 'ROMEO.\n', length: 50, seed: 3, cached });
+        return { text, ms: performance.now() - t0 };
+      }, cached);
+      const [withCache, without] = [await write(true), await write(false)];
+      t.diagnostic(`50 characters: ${withCache.ms.toFixed(0)} ms with the KvCache, ${without.ms.toFixed(0)} ms re-running the context`);
+      assert.equal(withCache.text, without.text);
+    }
 
     const file = await download(page, `demo-gpt${suffix}.safetensors`);
     const keys = safetensorsKeys(file);

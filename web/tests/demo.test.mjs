@@ -24,15 +24,18 @@ for (const webgpu of [false, true]) test(`demo trains an MLP on the digits in th
       .catch((e) => { throw new Error(`${e.message}\n${logs.join('\n')}`); });
     const demo = await page.evaluate(() => window.kilnDemo);
     assert.equal(demo.state, 'done', `${demo.error}\n${logs.join('\n')}`);
-    t.diagnostic(`device ${JSON.stringify(demo.device)}; ${demo.losses.length} steps in ${demo.seconds.toFixed(2)} s; max event-loop gap ${demo.maxGapMs.toFixed(0)} ms`);
+    t.diagnostic(`device ${JSON.stringify(demo.device)}; ${demo.losses.length} steps in ${demo.seconds.toFixed(2)} s; longest main-thread task ${demo.maxTaskMs.toFixed(0)} ms, longest timer gap ${demo.maxGapMs.toFixed(0)} ms`);
     const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
     const head = mean(demo.losses.slice(0, 10)), tail = mean(demo.losses.slice(-10));
     t.diagnostic(`loss ${head.toFixed(3)} -> ${tail.toFixed(3)}; accuracy per epoch ${demo.accuracies.map((a) => a.accuracy.toFixed(3)).join(' ')}`);
     assert.ok(tail < head * 0.2, `loss should fall: ${head} -> ${tail}`);
     const final = demo.accuracies.at(-1).accuracy;
     assert.ok(final > 0.93, `test accuracy ${final}`);
-    // Training runs in a Web Worker: the page only draws (gaps ~80 ms at load ~11 on 2 cores).
-    assert.ok(demo.maxGapMs < 400, `the page stalled for ${demo.maxGapMs} ms while training: ${JSON.stringify(demo.longGaps)}`);
+    // Training runs in a Web Worker: the page only draws. Its own tasks (Long Tasks API) stay < 400 ms;
+    // timer gaps also count a loaded machine's scheduling (up to 700 ms seen at load 18 on 2 cores).
+    assert.ok(demo.longTasksObserved, 'this Chromium reports long tasks');
+    assert.ok(demo.maxTaskMs < 400, `the page ran a ${demo.maxTaskMs} ms task while training`);
+    assert.ok(demo.maxGapMs < 3000, `the page did not run for ${demo.maxGapMs} ms while training: ${JSON.stringify(demo.longGaps)}`);
     assert.equal(demo.device.device, webgpu ? 'webgpu' : 'cpu', JSON.stringify(demo.device));
     assert.match(await page.textContent('#device'), webgpu ? /^WebGPU/ : /^CPU/);
 

@@ -413,6 +413,39 @@ export const tests = [
     throws(() => kiln.conv2d(3, 4, 3, { groups: 2 }), (e) => assert(/divisible by groups/.test(e.message), e.message), 'bad groups');
     opt.free(); model.free(); emb.free(); attn.free(); block.free(); g.free();
   }],
+  ['KvCache: decoding one position at a time through forwardCached equals the full causal forward', async (k, env, kiln) => {
+    const g = kiln.graph();
+    const blocks = [kiln.transformerBlock(8, 2, 16, 0, 1), kiln.transformerBlock(8, 2, 16, 0, 2)];
+    const x = await g.randNormal([1, 5, 8], 4).toArray();
+    g.reset();
+    let full = g.tensor(x, [1, 5, 8]);
+    for (const b of blocks) full = b.forward(full);
+    const want = await full.toArray();
+    const cache = kiln.kvCache(2, 1, 2, 4, 6);
+    assert(cache.length === 0 && cache.capacity === 6, `empty cache: ${cache.length}/${cache.capacity}`);
+    // The first two positions at once, then one at a time.
+    for (const [start, len] of [[0, 2], [2, 1], [3, 1], [4, 1]]) {
+      g.reset();
+      let y = g.noGrad(() => {
+        let h = g.tensor(x.slice(start * 8, (start + len) * 8), [1, len, 8]);
+        blocks.forEach((b, i) => { h = b.forwardCached(h, cache, i); });
+        return h;
+      });
+      cache.advance(len);
+      allClose(await y.toArray(), want.slice(start * 8, (start + len) * 8), 1e-4, `positions ${start}..${start + len}`);
+    }
+    assert(cache.length === 5, `length ${cache.length}`);
+    throws(() => cache.advance(2), (e) => assert(e instanceof k.KilnError && e.kind === 'OutOfRange' && /capacity 6/.test(e.message), e.message), 'past the capacity');
+    const lin = kiln.layerNorm([8]);
+    throws(() => lin.forwardCached(g.tensor(x.slice(0, 8), [1, 1, 8]), cache, 0), (e) => assert(e.kind === 'Unsupported' && /LayerNorm/.test(e.message), e.message), 'a layer without a cache');
+    throws(() => blocks[0].forwardCached(g.tensor(x.slice(0, 8), [1, 1, 8]), cache, 2), (e) => assert(e.kind === 'OutOfRange' && /layer 2/.test(e.message), e.message), 'no such layer');
+    cache.reset();
+    assert(cache.length === 0, 'reset empties it');
+    g.reset();
+    const h = g.noGrad(() => blocks.reduce((t, b, i) => b.forwardCached(t, cache, i), g.tensor(x.slice(0, 8), [1, 1, 8])));
+    allClose(await h.toArray(), want.slice(0, 8), 1e-4, 'after reset, position 0 again');
+    cache.free(); lin.free(); blocks.forEach((b) => b.free()); g.free();
+  }],
   ['digits: loadDigits inflates gzipped bytes; digitsFromBytes takes the plain CSV', async (k) => {
     const csv = Array.from({ length: 10 }, (_, i) => [...Array(64).fill(i % 17), i % 10].join(',')).join('\n');
     const plain = new TextEncoder().encode(csv);

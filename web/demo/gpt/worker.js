@@ -1,9 +1,10 @@
 // The GPT demo's worker: a character-level transformer (token and position
 // embeddings, pre-norm causal transformer blocks, final LayerNorm, linear
 // head) built from kiln-web's layers, trained on the served Shakespeare
-// text, writing samples as it learns. Sampling re-runs the model on the
-// last `context` characters for every new one: the JS API has no KV cache
-// yet (kiln-core's KvCache is not exported to JavaScript).
+// text, writing samples as it learns. Sampling decodes incrementally: a
+// KvCache keeps every block's keys and values, so each new character costs
+// one position's forward pass; when the context is full, the cache restarts
+// from the last half of it.
 import { init, Kiln, Adam, crossEntropy } from '../../pkg/index.js';
 import { serve, emit, exclusive, transferable, yieldToMessages, fetchBytes } from '../lib/worker-host.js';
 
@@ -59,20 +60,50 @@ async function nextProbabilities(graph, ids, temperature = 1) {
 
 const encode = (s) => Array.from(s, (c) => Math.max(0, vocab.indexOf(c)));
 
-async function generate({ prompt = '\n', length = 200, temperature = 0.8, seed = 7 }) {
+/** Feed `ids` (positions cache.length, ...) through the model with `cache`;
+ * the next character's probabilities. */
+async function feedCached(graph, cache, ids, temperature) {
+  const start = cache.length, t = ids.length;
+  graph.reset();
+  const probs = graph.noGrad(() => {
+    const positions = graph.tensor(Int32Array.from({ length: t }, (_, i) => start + i), [t]);
+    let x = net.tok.forward(graph.tensor(Int32Array.from(ids), [1, t])).add(net.pos.forward(positions));
+    net.blocks.forEach((block, i) => { x = block.forwardCached(x, cache, i); });
+    return net.head.forward(net.ln.forward(x)).sliceAxis(1, t - 1, t).reshape([vocab.length]).div(temperature).softmax();
+  });
+  cache.advance(t);
+  return probs.toArray();
+}
+
+async function generate({ prompt = '\n', length = 200, temperature = 0.8, seed = 7, cached = true }) {
   const ids = encode(prompt);
   const random = rng(seed);
   const graph = kiln.graph();
+  const { context, layers, heads, width } = config;
+  const cache = cached ? kiln.kvCache(layers, 1, heads, width / heads, context) : null;
   let out = '';
   try {
+    let pending = ids.slice(-context);
     for (let i = 0; i < length; i++) {
-      const p = await nextProbabilities(graph, ids, temperature);
+      let p;
+      if (cache) {
+        if (cache.length + pending.length > context) {
+          // Full: start again from the last half of the context.
+          cache.reset();
+          pending = ids.slice(-(context >> 1));
+        }
+        p = await feedCached(graph, cache, pending, temperature);
+      } else {
+        p = await nextProbabilities(graph, ids, temperature);
+      }
       let u = random(), next = p.length - 1;
       for (let c = 0; c < p.length; c++) { u -= p[c]; if (u <= 0) { next = c; break; } }
       ids.push(next);
+      pending = [next];
       out += vocab[next];
     }
   } finally {
+    cache?.free();
     graph.free();
   }
   return out;
