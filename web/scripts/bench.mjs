@@ -1,11 +1,12 @@
 #!/usr/bin/env node
-// `npm run bench`: W1 and W4 of BENCHMARKS.md in headless Chromium (WebGPU
+// `npm run bench`: W1–W4 of BENCHMARKS.md in headless Chromium (WebGPU
 // when kiln can use it, else the wasm CPU path), printing the JSON lines.
-// Options: --quick (short smoke run), --cpu (force the CPU).
+// Options: --quick (short smoke run), --cpu (force the CPU),
+// --workloads W1,W4 (a subset; default all four).
 import { fileURLToPath } from 'node:url';
 import { launch, server } from '../tests/helpers.mjs';
 
-export async function runBench({ quick = false, cpu = false } = {}) {
+export async function runBench({ quick = false, cpu = false, workloads = null } = {}) {
   const srv = await server();
   const browser = await launch({ webgpu: !cpu });
   try {
@@ -19,6 +20,7 @@ export async function runBench({ quick = false, cpu = false } = {}) {
     const q = new URLSearchParams();
     if (quick) q.set('quick', '1');
     if (cpu) q.set('device', 'cpu');
+    if (workloads) q.set('workloads', workloads);
     await page.goto(`${srv.url}/bench/?${q}`);
     const deadline = Date.now() + 1800000;
     for (;;) {
@@ -37,6 +39,8 @@ export async function runBench({ quick = false, cpu = false } = {}) {
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const lines = await runBench({ quick: process.argv.includes('--quick'), cpu: process.argv.includes('--cpu') });
+  const at = process.argv.indexOf('--workloads');
+  const workloads = at > 0 ? process.argv[at + 1] : null;
+  const lines = await runBench({ quick: process.argv.includes('--quick'), cpu: process.argv.includes('--cpu'), workloads });
   for (const line of lines) console.log(line);
 }
