@@ -19,6 +19,7 @@ use kiln_core::{Error, Result};
 
 use crate::context::Context;
 use crate::pipelines::Pipeline;
+use crate::shaders::Kernel;
 
 /// A binding's resource: a buffer range, or this execution's status buffer.
 pub(crate) enum Res {
@@ -28,6 +29,10 @@ pub(crate) enum Res {
 
 pub(crate) struct Dispatch {
     pub pipeline: Rc<Pipeline>,
+    /// The op, kernel and entry point, for the profile (`profile.rs`).
+    pub op: &'static str,
+    pub kernel: Kernel,
+    pub entry: &'static str,
     pub bindings: Vec<(u32, Res)>,
     /// Byte range of this dispatch's parameters in the arena.
     pub params: (u64, u64),
@@ -103,6 +108,9 @@ pub(crate) struct Batch {
     /// The GPU side of the parameter arena, grown as needed and reused: the
     /// next execution's write is queued after this one's submission.
     arena: Option<wgpu::Buffer>,
+    /// Per-kernel timing (`KILN_WGPU_PROFILE`); None normally.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub profile: Option<crate::profile::Profile>,
 }
 
 impl Batch {
@@ -166,6 +174,15 @@ impl Batch {
             })
         });
 
+        #[cfg(not(target_arch = "wasm32"))]
+        let commands = match self.profile.as_mut() {
+            Some(profile) => {
+                // Already run, one by one; what remains is the status copy.
+                profiled(ctx, profile, &commands, &arena, status.as_ref(), status_bytes)?;
+                Vec::new()
+            }
+            None => commands,
+        };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
         let mut i = 0;
         while i < commands.len() {
@@ -179,34 +196,7 @@ impl Batch {
                     // dispatches that share a written buffer.
                     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
                     while let Some(Command::Dispatch(d)) = commands.get(i) {
-                        let entries: Vec<wgpu::BindGroupEntry<'_>> = std::iter::once(wgpu::BindGroupEntry {
-                            binding: 0,
-                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: &arena,
-                                offset: d.params.0,
-                                size: wgpu::BufferSize::new(d.params.1),
-                            }),
-                        })
-                        .chain(d.bindings.iter().map(|(binding, res)| {
-                            let (buffer, size) = match res {
-                                Res::Buffer(b, size) => (b, *size),
-                                Res::Status => (status.as_ref().expect("checks exist"), status_bytes),
-                            };
-                            wgpu::BindGroupEntry {
-                                binding: *binding,
-                                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                    buffer,
-                                    offset: 0,
-                                    size: wgpu::BufferSize::new(size),
-                                }),
-                            }
-                        }))
-                        .collect();
-                        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-                            label: None,
-                            layout: &d.pipeline.layout,
-                            entries: &entries,
-                        });
+                        let group = bind_group(device, d, &arena, status.as_ref(), status_bytes);
                         pass.set_pipeline(&d.pipeline.pipeline);
                         pass.set_bind_group(0, &group, &[]);
                         let [x, y, z] = d.groups;
@@ -237,4 +227,84 @@ impl Batch {
             PendingCheck { staging, mapped: rx, metas: checks }
         }))
     }
+}
+
+/// The bind group of one dispatch: its parameters' range of the arena, then
+/// its operands.
+fn bind_group(
+    device: &wgpu::Device,
+    d: &Dispatch,
+    arena: &wgpu::Buffer,
+    status: Option<&wgpu::Buffer>,
+    status_bytes: u64,
+) -> wgpu::BindGroup {
+    let entries: Vec<wgpu::BindGroupEntry<'_>> = std::iter::once(wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: arena,
+            offset: d.params.0,
+            size: wgpu::BufferSize::new(d.params.1),
+        }),
+    })
+    .chain(d.bindings.iter().map(|(binding, res)| {
+        let (buffer, size) = match res {
+            Res::Buffer(b, size) => (b, *size),
+            Res::Status => (status.expect("checks exist"), status_bytes),
+        };
+        wgpu::BindGroupEntry {
+            binding: *binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset: 0,
+                size: wgpu::BufferSize::new(size),
+            }),
+        }
+    }))
+    .collect();
+    device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &d.pipeline.layout, entries: &entries })
+}
+
+/// Profile mode: run each command alone, in order, and wait for it, timing
+/// each. The values are the normal ones (same commands, same order).
+#[cfg(not(target_arch = "wasm32"))]
+fn profiled(
+    ctx: &Context,
+    profile: &mut crate::profile::Profile,
+    commands: &[Command],
+    arena: &wgpu::Buffer,
+    status: Option<&wgpu::Buffer>,
+    status_bytes: u64,
+) -> Result<()> {
+    let device = &ctx.device;
+    let wait = || {
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::backend("flush", format!("waiting for the GPU failed: {e}")))
+    };
+    // The parameters' write lands with the first submission.
+    wait()?;
+    for command in commands {
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
+        let key = match command {
+            Command::Copy { src, dst, bytes } => {
+                encoder.copy_buffer_to_buffer(src, 0, dst, 0, *bytes);
+                crate::profile::Key { op: "copy", kernel: String::new(), entry: "", groups: [0; 3] }
+            }
+            Command::Dispatch(d) => {
+                let group = bind_group(device, d, arena, status, status_bytes);
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(&d.pipeline.pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                let [x, y, z] = d.groups;
+                pass.dispatch_workgroups(x, y, z);
+                crate::profile::Key { op: d.op, kernel: d.kernel.label(), entry: d.entry, groups: d.groups }
+            }
+        };
+        let start = std::time::Instant::now();
+        ctx.queue.submit([encoder.finish()]);
+        wait()?;
+        profile.add(key, start.elapsed());
+    }
+    Ok(())
 }

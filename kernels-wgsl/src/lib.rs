@@ -29,6 +29,8 @@ mod geometry;
 mod kernels;
 pub mod params;
 mod pipelines;
+#[cfg(not(target_arch = "wasm32"))]
+mod profile;
 mod readback;
 pub mod shaders;
 
@@ -101,11 +103,17 @@ impl WgpuBackend {
     /// Open a device. Async because a browser cannot block; natively, wrap it
     /// in `pollster::block_on`.
     pub async fn new(options: WgpuOptions) -> Result<WgpuBackend> {
+        #[allow(unused_mut)]
+        let mut batch = Batch::default();
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            batch.profile = profile::Profile::from_env();
+        }
         Ok(WgpuBackend {
             ctx: Context::new(&options).await?,
             buffers: RefCell::default(),
             pipelines: RefCell::default(),
-            batch: RefCell::default(),
+            batch: RefCell::new(batch),
             pending: Rc::default(),
             matmul_scratch_bytes: options.max_matmul_scratch_bytes.unwrap_or(kernels::matmul::SCRATCH_BYTES),
             matmul_tuner: kernels::matmul_tune::Tuner::new(options.matmul_kernel),
@@ -217,7 +225,7 @@ impl WgpuBackend {
         let pipeline = self.pipeline(op, kernel, entry)?;
         let mut batch = self.batch.borrow_mut();
         let params = batch.push_params(&self.ctx, params);
-        batch.push(Command::Dispatch(Dispatch { pipeline, bindings, params, groups }));
+        batch.push(Command::Dispatch(Dispatch { pipeline, op, kernel, entry, bindings, params, groups }));
         Ok(())
     }
 
@@ -288,6 +296,16 @@ impl WgpuBackend {
             self.pending.borrow_mut().push(check);
         }
         self.ctx.errors.check("flush")
+    }
+}
+
+/// Profile mode prints its table when the backend goes.
+#[cfg(not(target_arch = "wasm32"))]
+impl Drop for WgpuBackend {
+    fn drop(&mut self) {
+        if let Some(profile) = &self.batch.borrow().profile {
+            eprint!("{}", profile.report());
+        }
     }
 }
 

@@ -49,9 +49,10 @@ pub const POOL: &str = wgsl_file!("shaders/pool.wgsl");
 pub const RANDOM: &str = wgsl_file!("shaders/random.wgsl");
 pub const ROWWISE: &str = wgsl_file!("shaders/rowwise.wgsl");
 pub const TRIG: &str = wgsl_file!("shaders/trig.wgsl");
+pub const STRIDED: &str = wgsl_file!("shaders/strided.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 18] = [
+pub const FILES: [(&str, &str); 19] = [
     ("common.wgsl", COMMON),
     ("scalar.wgsl", SCALAR),
     ("fill.wgsl", FILL),
@@ -70,6 +71,7 @@ pub const FILES: [(&str, &str); 18] = [
     ("random.wgsl", RANDOM),
     ("rowwise.wgsl", ROWWISE),
     ("trig.wgsl", TRIG),
+    ("strided.wgsl", STRIDED),
 ];
 
 /// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
@@ -144,7 +146,9 @@ impl Kernel {
     /// Entry points of the module (pipelines are made per entry point).
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Kernel::Reduce(..) => &["serial", "leaves_to_parts", "leaves_to_out", "parts_to_parts", "parts_to_out"],
+            Kernel::Reduce(..) => {
+                &["serial", "serial_leaves", "leaves_to_parts", "leaves_to_out", "parts_to_parts", "parts_to_out"]
+            }
             Kernel::Index(_) => &[
                 "check",
                 "check_value",
@@ -203,7 +207,7 @@ impl Kernel {
             }
             Kernel::Binary(op, t) => binary(t, t, &binary_expr(op, t)?),
             Kernel::Compare(op, t) => binary(t, Ty::U32, &compare_expr(op, t)),
-            Kernel::Where(t) => specialise(WHERE, &[alias("T", t)]),
+            Kernel::Where(t) => format!("{STRIDED}\n{}", specialise(WHERE, &[alias("T", t)])),
             Kernel::Cast(from, to) => specialise(
                 CAST,
                 &[
@@ -215,7 +219,7 @@ impl Kernel {
             Kernel::Reduce(op, t) => reduce(op, t)?,
             Kernel::MatMul => MATMUL.to_string(),
             Kernel::Chunks => CHUNKS.to_string(),
-            Kernel::Copy => MOVEMENT.to_string(),
+            Kernel::Copy => format!("{STRIDED}\n{MOVEMENT}"),
             Kernel::Index(t) => specialise(INDEX, &[alias("T", t)]),
             Kernel::Update => UPDATE.to_string(),
             Kernel::Window(Ty::U32) => return None, // the CPU has no bool Im2Col either
@@ -234,14 +238,14 @@ fn alias(name: &str, t: Ty) -> String {
     format!("alias {name} = {};", t.wgsl())
 }
 
-/// trig.wgsl, scalar.wgsl and binary.wgsl with operand type `ti`, output
+/// trig.wgsl, scalar.wgsl, strided.wgsl and binary.wgsl with operand type `ti`, output
 /// type `to` and `op` returning `expr` (of `a` and `b`).
 fn binary(ti: Ty, to: Ty, expr: &str) -> String {
     let body = specialise(
         BINARY,
         &[alias("TI", ti), alias("TO", to), format!("fn op(a: TI, b: TI) -> TO {{\n    return {expr};\n}}")],
     );
-    format!("{TRIG}\n{SCALAR}\n{body}")
+    format!("{TRIG}\n{SCALAR}\n{STRIDED}\n{body}")
 }
 
 /// The name and kind of a module-scope declaration: `alias NAME` or `fn NAME`.
@@ -474,15 +478,18 @@ pub fn all_kernels() -> Vec<Kernel> {
 }
 
 /// A shader file as the host compiles it before specialisation (what the
-/// naga tests validate): after common.wgsl, and for the element-wise
-/// kernels after trig.wgsl and scalar.wgsl too.
+/// naga tests validate): after common.wgsl, for the element-wise kernels
+/// after trig.wgsl and scalar.wgsl too, and for the strided kernels after
+/// strided.wgsl.
 #[cfg(test)]
 pub(crate) fn as_written(name: &str, text: &str) -> String {
     match name {
         "common.wgsl" => COMMON.to_string(),
         // scalar.wgsl's sin_f32/cos_f32 call trig.wgsl's kiln_sin/kiln_cos.
         "scalar.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}"),
-        "unary.wgsl" | "binary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{text}"),
+        "unary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{text}"),
+        "binary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{STRIDED}\n{text}"),
+        "where.wgsl" | "movement.wgsl" => format!("{COMMON}\n{STRIDED}\n{text}"),
         _ => format!("{COMMON}\n{text}"),
     }
 }

@@ -333,6 +333,15 @@ fn reductions_forward_and_backward() {
             Ok(vec![y.reduce(op, &[1], false)?, y.reduce(op, &[0, 1], false)?])
         });
     }
+    // A few leaves per output (one thread folds them: 6 and 8 leaves) and
+    // just past that (9 leaves: a workgroup per output) give the summation
+    // rule's bits, the CPU's.
+    let rows = rand(9 * 1025, 12, -1.0, 1.0);
+    forward(&wg, "Sum over a few leaves", EXACT, |g| {
+        let y = g.tensor_from(&rows[..700 * 5], &[700, 5])?;
+        let z = g.tensor_from(&rows[..], &[9, 1025])?;
+        Ok(vec![y.sum(&[0], false)?, z.slice_axis(1, 0, 1024, 1)?.sum(&[1], false)?, z.sum(&[1], false)?])
+    });
     // NaN, ties and integers.
     let x = [1.0f32, f32::NAN, 3.0, 5.0, 5.0, 5.0, 0.0, 5.0];
     let ints: Vec<i32> = (0..600).map(|i| (i * 7919 % 1000) - 500).collect();
@@ -394,13 +403,13 @@ fn product<'g>(
 
 /// Each of matmul.wgsl's kernels, forced for every product, against the
 /// CPU: ragged edges of both tiles (130 x 135), matrix-vector products
-/// both ways, broadcast batches, transposed operands and a K split into
-/// chunks (1100 > K_CHUNK). The kernels sum in one order, so they also agree
+/// both ways, broadcast batches (a B shared by every batch folded into M),
+/// transposed operands and a K split into chunks (1100 > K_CHUNK). The kernels sum in one order, so they also agree
 /// with each other exactly (== also equates the zeros the tiles' padding may
 /// sign differently).
 #[test]
 fn every_matmul_kernel_matches_the_cpu_and_the_others() {
-    let shapes: [(&[usize], &[usize], bool, bool); 7] = [
+    let shapes: [(&[usize], &[usize], bool, bool); 10] = [
         (&[130, 20], &[20, 135], false, false),
         (&[20, 130], &[135, 20], true, true),
         (&[1, 300], &[300, 70], false, false),
@@ -408,6 +417,11 @@ fn every_matmul_kernel_matches_the_cpu_and_the_others() {
         (&[3, 1, 9, 17], &[2, 17, 66], false, false),
         (&[5, 1100], &[3, 1100], false, true),
         (&[66, 9], &[9, 129], false, false),
+        // A shared B: the batch folds into M (also with a chunked K); a
+        // transposed A does not fold.
+        (&[2, 3, 20, 17], &[17, 30], false, false),
+        (&[3, 5, 1100], &[7, 1100], false, true),
+        (&[4, 17, 20], &[17, 30], true, false),
     ];
     let mut first: Vec<Vec<f32>> = Vec::new();
     for kernel in kiln_wgsl::MatMulKernel::ALL {

@@ -33,6 +33,11 @@ extern "C" {
     /// Options of `multiheadAttention`.
     #[wasm_bindgen(typescript_type = "{ bias?: boolean; causal?: boolean; dropout?: number; seed?: number }")]
     pub type AttentionOptionsArg;
+
+    /// The initialisers of `initParam` (kiln-core's `nn::init`).
+    #[wasm_bindgen(typescript_type = "'zeros' | 'ones' | 'constant' | 'uniform' | 'normal' | 'xavierUniform' | \
+        'xavierNormal' | 'kaimingUniform' | 'kaimingNormal'")]
+    pub type InitKind;
 }
 
 /// A field of an options object (undefined when the object or the field is
@@ -83,11 +88,80 @@ fn seed(value: Option<f64>) -> u64 {
 pub struct Layer {
     pub(crate) inner: Rc<dyn Module>,
     kind: &'static str,
+    /// The same module, for the layers that decode incrementally.
+    cached: Option<Rc<dyn CachedForward>>,
 }
 
 impl Layer {
     fn new(kind: &'static str, module: impl Module + 'static) -> Layer {
-        Layer { inner: Rc::new(module), kind }
+        Layer { inner: Rc::new(module), kind, cached: None }
+    }
+
+    fn with_cache(kind: &'static str, module: impl Module + CachedForward + 'static) -> Layer {
+        let rc = Rc::new(module);
+        Layer { inner: rc.clone(), kind, cached: Some(rc) }
+    }
+}
+
+/// The layers with a `forward_cached` (self-attention, transformer blocks).
+trait CachedForward {
+    fn forward_cached<'g>(
+        &self,
+        x: kiln_core::Tensor<'g>,
+        cache: &nn::LayerCache,
+    ) -> kiln_core::Result<kiln_core::Tensor<'g>>;
+}
+
+impl CachedForward for nn::MultiheadAttention {
+    fn forward_cached<'g>(
+        &self,
+        x: kiln_core::Tensor<'g>,
+        cache: &nn::LayerCache,
+    ) -> kiln_core::Result<kiln_core::Tensor<'g>> {
+        nn::MultiheadAttention::forward_cached(self, x, cache)
+    }
+}
+
+impl CachedForward for nn::TransformerBlock {
+    fn forward_cached<'g>(
+        &self,
+        x: kiln_core::Tensor<'g>,
+        cache: &nn::LayerCache,
+    ) -> kiln_core::Result<kiln_core::Tensor<'g>> {
+        nn::TransformerBlock::forward_cached(self, x, cache)
+    }
+}
+
+/// Keys and values of earlier positions, per attention layer, kept on the
+/// device (kiln-core's `KvCache`): with `layer.forwardCached(x, cache, i)`
+/// a new token costs only its own projections. Made by `kiln.kvCache(...)`.
+#[wasm_bindgen]
+pub struct KvCache {
+    inner: nn::KvCache,
+}
+
+#[wasm_bindgen]
+impl KvCache {
+    /// Positions cached so far.
+    #[wasm_bindgen(getter)]
+    pub fn length(&self) -> u32 {
+        self.inner.len() as u32
+    }
+
+    #[wasm_bindgen(getter)]
+    pub fn capacity(&self) -> u32 {
+        self.inner.capacity() as u32
+    }
+
+    /// Count `positions` new positions as cached, once every layer has
+    /// taken them in.
+    pub fn advance(&self, positions: u32) -> Res<()> {
+        Ok(self.inner.advance(positions as usize)?)
+    }
+
+    /// Forget every position.
+    pub fn reset(&self) -> Res<()> {
+        Ok(self.inner.reset()?)
     }
 }
 
@@ -108,6 +182,26 @@ impl Layer {
     /// Apply the layer to `x`.
     pub fn forward(&self, x: &Tensor) -> Res<Tensor> {
         x.map(|t| self.inner.forward(t))
+    }
+
+    /// Causal self-attention over the new positions `x` [N, L, E] that
+    /// follow the `cache.length` positions in layer `layer` of `cache`
+    /// (multiheadAttention and transformerBlock layers); call
+    /// `cache.advance(L)` after the last layer.
+    #[wasm_bindgen(js_name = forwardCached)]
+    pub fn forward_cached(&self, x: &Tensor, cache: &KvCache, layer: u32) -> Res<Tensor> {
+        let Some(m) = &self.cached else {
+            return Err(KilnError::new(
+                "Unsupported",
+                "forwardCached",
+                format!(
+                    "forwardCached: a {} layer has no cached forward (multiheadAttention and transformerBlock have)",
+                    self.kind
+                ),
+            ));
+        };
+        let c = cache.inner.layer(layer as usize)?;
+        x.map(|t| m.forward_cached(t, c))
     }
 
     /// Trainable parameters, in kiln's order.
@@ -329,7 +423,7 @@ impl Kiln {
         )?
         .causal(field_bool(OP, o, "causal", false)?)
         .dropout(field_number(OP, o, "dropout", 0.0)?)?;
-        Ok(Layer::new("MultiheadAttention", layer))
+        Ok(Layer::with_cache("MultiheadAttention", layer))
     }
 
     /// A causal pre-norm transformer block (GPT's decoder block).
@@ -351,7 +445,57 @@ impl Kiln {
             dropout.unwrap_or(0.0),
             self::seed(seed),
         )?;
-        Ok(Layer::new("TransformerBlock", layer))
+        Ok(Layer::with_cache("TransformerBlock", layer))
+    }
+
+    /// A parameter filled by one of kiln's initialisers (native kiln's
+    /// `nn::init`: the same values for the same seed). `a`, `b`: 'constant'
+    /// value; 'uniform' low (default 0), high (1); 'normal' mean (0), std
+    /// (1); xavier* gain (1); kaiming* the negative slope a (0).
+    #[wasm_bindgen(js_name = initParam)]
+    pub fn init_param(
+        &self,
+        kind: &InitKind,
+        name: &str,
+        shape: &IntList,
+        a: Option<f64>,
+        b: Option<f64>,
+        seed: Option<f64>,
+    ) -> Res<Param> {
+        use nn::init;
+        let d = self.core_device();
+        let dims = dims(&uints("initParam", shape)?);
+        let seed = self::seed(seed);
+        let inner = match kind.as_string().as_deref().unwrap_or("") {
+            "zeros" => init::zeros(d, name, &dims),
+            "ones" => init::ones(d, name, &dims),
+            "constant" => init::constant(d, name, &dims, a.unwrap_or(0.0)),
+            "uniform" => init::uniform(d, name, &dims, a.unwrap_or(0.0), b.unwrap_or(1.0), seed),
+            "normal" => init::normal(d, name, &dims, a.unwrap_or(0.0), b.unwrap_or(1.0), seed),
+            "xavierUniform" => init::xavier_uniform(d, name, &dims, a.unwrap_or(1.0), seed),
+            "xavierNormal" => init::xavier_normal(d, name, &dims, a.unwrap_or(1.0), seed),
+            "kaimingUniform" => init::kaiming_uniform(d, name, &dims, a.unwrap_or(0.0), seed),
+            "kaimingNormal" => init::kaiming_normal(d, name, &dims, a.unwrap_or(0.0), seed),
+            other => {
+                return Err(KilnError::argument(
+                    "initParam",
+                    format!("unknown initialiser {other:?}: zeros, ones, constant, uniform, normal, xavierUniform, xavierNormal, kaimingUniform or kaimingNormal"),
+                ))
+            }
+        }?;
+        Ok(Param { inner })
+    }
+
+    /// A cache for incremental decoding: room for `capacity` positions of
+    /// `batch` sequences in `layers` attention layers of `heads` heads of
+    /// `headDim` values.
+    #[wasm_bindgen(js_name = kvCache)]
+    #[allow(non_snake_case)]
+    pub fn kv_cache(&self, layers: u32, batch: u32, heads: u32, headDim: u32, capacity: u32) -> Res<KvCache> {
+        let d = self.core_device();
+        let inner =
+            nn::KvCache::new(d, layers as usize, batch as usize, heads as usize, headDim as usize, capacity as usize)?;
+        Ok(KvCache { inner })
     }
 }
 

@@ -41,18 +41,31 @@ pub(crate) fn matmul(
         return Err(unsupported_dtype(OP, out.dtype));
     }
     let g = MatMulGeometry::new(ta, tb, a.dims, b.dims, out.dims)?;
-    let (m, k, n) = (g.m, g.k, g.n);
+    let (mut m, k, n) = (g.m, g.k, g.n);
     let (ma, mb, bo, sa, sb) = (g.a, g.b, g.batch, &g.a_batch_strides, &g.b_batch_strides);
     // Batch axes that are broadcast in both operands need no unravelling
     // apart; merge what can be merged.
-    let (cd, cs) = crate::geometry::collapse(bo, &[sa, sb]);
+    let (mut cd, mut cs) = crate::geometry::collapse(bo, &[sa, sb]);
+    // A shared B (a Linear layer's weight over [batch, rows, features]) with
+    // A's rows continuing from one batch to the next is one product with
+    // more rows: larger tiles instead of a small product per batch. Each
+    // output is summed over the same k in the same order, so the bits do not
+    // change.
+    if let Some(last) = cd.len().checked_sub(1) {
+        if cs[1][last] == 0 && cs[0][last] == m * ma.rs {
+            m *= cd[last];
+            cd.pop();
+            cs[0].pop();
+            cs[1].pop();
+        }
+    }
     if cd.len() > MAX_DIMS {
         return Err(Error::unsupported(
             OP,
             format!("more than {MAX_DIMS} unmergeable batch axes in {}", fmt_dims(out.dims)),
         ));
     }
-    let batches = g.batches();
+    let batches: usize = cd.iter().product();
     if out.numel() == 0 {
         return Ok(());
     }

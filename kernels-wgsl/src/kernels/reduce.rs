@@ -20,6 +20,10 @@ use crate::{Arg, WgpuBackend};
 /// `reduce::LEAF`). Blocks of at most one leaf are folded by one thread per
 /// output (`serial`, the CPU's order and bits).
 const LEAF: usize = 128;
+/// Most leaves per output that `serial_leaves` folds in one thread (its
+/// stack holds SERIAL_DEPTH = 8 partials, enough for 128 leaves); past
+/// this a workgroup per output spreads the work.
+const SERIAL_LEAVES: usize = 8;
 /// Leaves (first pass) or partials (later passes) one workgroup combines.
 const FAN_IN: usize = crate::shaders::WG as usize;
 
@@ -61,7 +65,13 @@ pub(crate) fn reduce(
         let groups = be.grid_for(name, outputs)?;
         return be.launch(name, Kernel::Reduce(op, ty(x.dtype)), "serial", &args, words(&params), groups);
     }
-    passes(be, name, Kernel::Reduce(op, ty(x.dtype)), (x, out), outputs, block.div_ceil(LEAF), params)
+    let leaves = block.div_ceil(LEAF);
+    if leaves <= SERIAL_LEAVES {
+        let args = [(1, Arg::input(x)), (2, Arg::output(out))];
+        let groups = be.grid_for(name, outputs)?;
+        return be.launch(name, Kernel::Reduce(op, ty(x.dtype)), "serial_leaves", &args, words(&params), groups);
+    }
+    passes(be, name, Kernel::Reduce(op, ty(x.dtype)), (x, out), outputs, leaves, params)
 }
 
 /// The first pass over the leaves, then passes over partials until one per

@@ -1,7 +1,7 @@
 // binary.wgsl — broadcasting binary ops and comparisons:
 // out[i] = op(a[offset_a(i)], b[offset_b(i)]).
 //
-// Bindings: 0 params: Strided (common.wgsl; operand 0 = a, operand 1 = b,
+// Bindings: 0 params: Strided (strided.wgsl; operand 0 = a, operand 1 = b,
 // broadcast axes have stride 0), 1 a: array<TI> (read), 2 b: array<TI>
 // (read), 3 out: array<TO> (read_write, contiguous).
 // Launch: ceil(n / WG) workgroups folded into a 2-D grid, one output element
@@ -23,7 +23,6 @@ fn op(a: TI, b: TI) -> TO {
     return a + b;
 }
 
-@group(0) @binding(0) var<storage, read> params: Strided;
 @group(0) @binding(1) var<storage, read> in_a: array<TI>;
 @group(0) @binding(2) var<storage, read> in_b: array<TI>;
 @group(0) @binding(3) var<storage, read_write> out: array<TO>;
@@ -34,6 +33,6 @@ fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     if (i >= params.n) {
         return;
     }
-    let o = offsets(params, i);
+    let o = offsets(i);
     out[i] = op(in_a[o.x], in_b[o.y]);
 }

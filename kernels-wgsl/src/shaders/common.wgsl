@@ -51,39 +51,6 @@ fn is_nan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }
 
-// One operand of a strided iteration: its base offset and its strides (in
-// elements; 0 along broadcast axes) over the iteration dims.
-struct Operand {
-    base: u32,
-    strides: array<u32, MAX_DIMS>,
-}
-
-// The strided-geometry parameters of binary.wgsl, where.wgsl and
-// movement.wgsl: n elements over `rank` <= MAX_DIMS dims, up to four
-// operands (unused ones all zeros).
-struct Strided {
-    n: u32,
-    rank: u32,
-    dims: array<u32, MAX_DIMS>,
-    operands: array<Operand, 4>,
-}
-
-// Unravels the row-major index i over g's dims once and returns the offsets
-// of the four operands.
-fn offsets(g: Strided, i: u32) -> vec4<u32> {
-    var rem = i;
-    var off = vec4<u32>(g.operands[0].base, g.operands[1].base, g.operands[2].base, g.operands[3].base);
-    for (var d = g.rank; d > 0u; d = d - 1u) {
-        let n = g.dims[d - 1u];
-        let k = rem % n;
-        rem = rem / n;
-        let s = vec4<u32>(g.operands[0].strides[d - 1u], g.operands[1].strides[d - 1u],
-                          g.operands[2].strides[d - 1u], g.operands[3].strides[d - 1u]);
-        off += k * s;
-    }
-    return off;
-}
-
 // The window geometry of window.wgsl and pool.wgsl: n output elements; per
 // axis a (0 rows, 1 columns) the image size, the number of window
 // positions, the kernel size, stride, dilation and the padding before the

@@ -2,7 +2,7 @@
 // SliceBackward and Concat: dst[offset_dst(i)] = src[offset_src(i)] for every
 // index i of the iteration dims.
 //
-// Bindings: 0 params: Strided (common.wgsl; operand 0 = src, operand 1 =
+// Bindings: 0 params: Strided (strided.wgsl; operand 0 = src, operand 1 =
 // dst), 1 src: array<u32> (read), 2 dst: array<u32> (read_write).
 // Elements are moved as 32-bit words whatever their dtype (f32 and i32 bits,
 // bools stored as 0/1 words), so one variant serves every dtype.
@@ -15,7 +15,6 @@
 // SliceBackward: a zero Full, then the gradient written at the slice's
 // strides. Reshape needs no kernel (a buffer copy).
 
-@group(0) @binding(0) var<storage, read> params: Strided;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
 
@@ -25,6 +24,6 @@ fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     if (i >= params.n) {
         return;
     }
-    let o = offsets(params, i);
+    let o = offsets(i);
     dst[o.y] = src[o.x];
 }

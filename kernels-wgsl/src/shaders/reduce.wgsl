@@ -18,6 +18,16 @@
 // - `serial`: blocks of at most one leaf: 256 threads per workgroup, one
 //   output per thread, the block folded in increasing index order.
 //   Launch: ceil(outputs / WG) workgroups folded into a 2-D grid.
+// - `serial_leaves`: blocks of a few leaves (at most SERIAL_LEAVES, the
+//   host's choice): one thread per output folds its leaves in order and
+//   combines them by the same tree as the workgroups below, in its binary
+//   counter form (after leaf number i, counting from 1, merge the two
+//   newest partials trailing_zeros(i) times; at the end merge the rest,
+//   newest first), without workgroup memory or barriers. A reduction over
+//   the batch axis of a few hundred rows (a bias gradient) would otherwise
+//   run a 256-thread workgroup with 8 barriers per output for a handful of
+//   leaves, which is slow on lavapipe. Launch: ceil(outputs / WG)
+//   workgroups folded into a 2-D grid.
 // - `leaves_to_parts` / `leaves_to_out`: workgroup w of output o reduces
 //   leaves 256 w .. 256 w + 255 of its block: thread t folds leaf 256 w + t,
 //   then the workgroup combines its 256 leaf values by the balanced tree
@@ -109,24 +119,30 @@ fn combine(a: Acc, b: Acc) -> Acc {
     return fold(a, b);
 }
 
-// The input offset of row-major index j over the axes g.
-fn axes_offset(g: Axes, j: u32) -> u32 {
-    var rem = j;
+// The input offset of row-major index o over the kept axes, and of j over
+// the reduced ones. Both read the bound parameters in place: an `Axes`
+// passed by value is copied into every invocation at every call, which on
+// lavapipe cost more than the reduction itself.
+fn kept_offset(o: u32) -> u32 {
+    var rem = o;
     var off = 0u;
-    for (var d = g.rank; d > 0u; d = d - 1u) {
-        let n = g.dims[d - 1u];
-        off += (rem % n) * g.strides[d - 1u];
+    for (var d = params.kept.rank; d > 0u; d = d - 1u) {
+        let n = params.kept.dims[d - 1u];
+        off += (rem % n) * params.kept.strides[d - 1u];
         rem = rem / n;
     }
     return off;
 }
 
-fn kept_offset(o: u32) -> u32 {
-    return axes_offset(params.kept, o);
-}
-
 fn reduced_offset(j: u32) -> u32 {
-    return axes_offset(params.reduced, j);
+    var rem = j;
+    var off = 0u;
+    for (var d = params.reduced.rank; d > 0u; d = d - 1u) {
+        let n = params.reduced.dims[d - 1u];
+        off += (rem % n) * params.reduced.strides[d - 1u];
+        rem = rem / n;
+    }
+    return off;
 }
 
 fn element(base: u32, j: u32) -> Acc {
@@ -143,6 +159,34 @@ fn serial(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     var acc = init();
     for (var j = 0u; j < params.block; j = j + 1u) {
         acc = combine(acc, element(base, j));
+    }
+    out[o] = result(acc);
+}
+
+// Partials a `serial_leaves` thread holds at once: a binary counter over at
+// most 2^(SERIAL_DEPTH - 1) leaves.
+const SERIAL_DEPTH: u32 = 8u;
+
+@compute @workgroup_size(WG)
+fn serial_leaves(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let o = flat_id(wg, lid);
+    if (o >= params.outputs) {
+        return;
+    }
+    var stack: array<Acc, SERIAL_DEPTH>;
+    var top = 0u;
+    let leaves = (params.block + LEAF - 1u) / LEAF;
+    for (var l = 0u; l < leaves; l = l + 1u) {
+        stack[top] = leaf(o, l);
+        top = top + 1u;
+        for (var c = l + 1u; (c & 1u) == 0u; c = c >> 1u) {
+            stack[top - 2u] = combine(stack[top - 2u], stack[top - 1u]);
+            top = top - 1u;
+        }
+    }
+    var acc = stack[top - 1u];
+    for (var t = top - 1u; t > 0u; t = t - 1u) {
+        acc = combine(stack[t - 1u], acc);
     }
     out[o] = result(acc);
 }

@@ -1,7 +1,7 @@
 // where.wgsl — Where: out[i] = cond[offset_c(i)] != 0 ? a[offset_a(i)] : b[offset_b(i)],
 // all three broadcast to the output.
 //
-// Bindings: 0 params: Strided (common.wgsl; operand 0 = cond, 1 = a,
+// Bindings: 0 params: Strided (strided.wgsl; operand 0 = cond, 1 = a,
 // 2 = b), 1 cond: array<u32> (bools as 0/1 words, read), 2 a: array<T>
 // (read), 3 b: array<T> (read), 4 out: array<T> (read_write).
 // Launch: ceil(n / WG) workgroups folded into a 2-D grid, one element per
@@ -11,7 +11,6 @@
 
 alias T = f32;
 
-@group(0) @binding(0) var<storage, read> params: Strided;
 @group(0) @binding(1) var<storage, read> cond: array<u32>;
 @group(0) @binding(2) var<storage, read> in_a: array<T>;
 @group(0) @binding(3) var<storage, read> in_b: array<T>;
@@ -23,6 +22,6 @@ fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     if (i >= params.n) {
         return;
     }
-    let o = offsets(params, i);
+    let o = offsets(i);
     out[i] = select(in_b[o.z], in_a[o.y], cond[o.x] != 0u);
 }

@@ -1,29 +1,26 @@
-// kiln demo: train an MLP on the embedded 8x8 digits in the page, chart the
-// loss and test accuracy live, classify digits drawn on a canvas.
-// Training runs on the main thread in time slices (~12 ms of steps, then a
-// yield to the event loop), so the page stays responsive.
-import { init, Kiln, Adam, crossEntropy, loadDigits } from '../pkg/index.js';
+// kiln demo: an MLP trains on the package's 8x8 digits in a Web Worker
+// (worker.js); this page charts the loss and test accuracy live, classifies
+// digits drawn on a canvas (the worker predicts), and moves checkpoints.
+import { startWorker, showDevice, watchEventLoop } from '../lib/page.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 
 // State the browser test reads.
-const demo = (window.kilnDemo = { state: 'loading', losses: [], accuracies: [], device: null, maxGapMs: 0, prediction: null });
+const demo = (window.kilnDemo = { state: 'loading', losses: [], accuracies: [], device: null, maxGapMs: 0, prediction: null, checkpoint: null });
+// Watched from the first step's result on: start-up (wasm compile, the WebGPU self-test) happens before.
+watchEventLoop(demo, () => demo.state === 'training' && demo.losses.length > 0);
 
-await init();
-const kiln = await Kiln.create(params.get('device') || 'auto');
-demo.device = { device: kiln.device, deviceInfo: kiln.deviceInfo, fallbackReason: kiln.fallbackReason ?? null };
-const deviceBox = $('device');
-deviceBox.className = `device ${kiln.device}`;
-deviceBox.textContent = kiln.device === 'webgpu'
-  ? `WebGPU · ${kiln.deviceInfo}`
-  : `CPU (WebAssembly) · ${kiln.deviceInfo}${kiln.fallbackReason ? ` — ${kiln.fallbackReason}` : ''}`;
-
-const { train, test } = await loadDigits(0.2, 42);
-const testImages = test.images;
-const testLabels = test.labels;
-let model = null;
-let stopRequested = false;
+const rpc = startWorker(new URL('worker.js', import.meta.url));
+const info = await rpc.call('start', { device: params.get('device') || 'auto' }).catch((e) => {
+  demo.state = 'error';
+  demo.error = e.message;
+  $('status').textContent = `error: ${e.message}`;
+  throw e;
+});
+demo.device = { device: info.device, deviceInfo: info.deviceInfo, fallbackReason: info.fallbackReason };
+showDevice($('device'), info);
+let trained = false;
 
 // ----- chart ---------------------------------------------------------------
 
@@ -69,81 +66,81 @@ function drawChart() {
   ctx.fillStyle = '#15803d'; ctx.fillText('test accuracy', L + 40, T + 12);
 }
 
-// ----- training ------------------------------------------------------------
+// ----- training (in the worker) ---------------------------------------------
 
-const yieldToPage = () => new Promise((resolve) => setTimeout(resolve, 0));
-
-async function evaluate(graph) {
-  graph.reset();
-  const pred = graph.noGrad(() => model.forward(graph.tensor(testImages, [test.length, 64])).argmax(1));
-  const p = await pred.toArray();
-  let correct = 0;
-  for (let i = 0; i < p.length; i++) correct += p[i] === testLabels[i] ? 1 : 0;
-  return correct / p.length;
-}
+const fail = (e) => { demo.state = 'error'; demo.error = String(e && e.message ? e.message : e); $('status').textContent = `error: ${demo.error}`; };
+let chartPending = false;
+rpc.on('progress', (p) => {
+  if (p.loss !== undefined) demo.losses.push(p.loss);
+  if (p.accuracy !== undefined) {
+    demo.accuracies.push({ step: p.step, epoch: p.epoch, accuracy: p.accuracy });
+    $('status').textContent = `epoch ${p.epoch}/${p.epochs} · loss ${demo.losses.at(-1).toFixed(4)} · test accuracy ${(p.accuracy * 100).toFixed(1)}% · ${p.seconds.toFixed(1)} s`;
+  }
+  // One redraw per frame, however many steps arrive.
+  if (!chartPending) { chartPending = true; requestAnimationFrame(() => { chartPending = false; drawChart(); }); }
+});
+rpc.on('error', (e) => fail(new Error(e.error)));
 
 async function trainModel() {
-  const hidden = Number($('hidden').value), epochs = Number(params.get('epochs') || $('epochs').value);
-  const lr = Number($('lr').value), batch = Number($('batch').value);
-  model?.free();
-  model = kiln.mlp([64, hidden, 10], 'relu', 1);
-  const opt = new Adam(model, lr);
-  const graph = kiln.graph();
   demo.losses = []; demo.accuracies = []; demo.state = 'training';
-  stopRequested = false;
-  $('train').disabled = true; $('stop').disabled = false;
-  const started = performance.now();
-  let sliceStart = performance.now();
+  for (const id of ['train', 'download', 'upload']) $(id).disabled = true;
+  $('stop').disabled = false;
   try {
-    for (let epoch = 0; epoch < epochs && !stopRequested; epoch++) {
-      const order = train.epochOrder(7, epoch);
-      for (let s = 0; s < order.length && !stopRequested; s += batch) {
-        const b = train.gather(order.subarray(s, s + batch));
-        graph.reset();
-        const loss = crossEntropy(model.forward(graph.tensor(b.images, [b.size, 64])), graph.tensor(b.labels, [b.size]));
-        opt.zeroGrad();
-        loss.backward();
-        opt.step();
-        demo.losses.push(await loss.item());
-        b.free();
-        if (performance.now() - sliceStart > 12) {
-          drawChart();
-          await yieldToPage();
-          sliceStart = performance.now();
-        }
-      }
-      const accuracy = await evaluate(graph);
-      demo.accuracies.push({ step: demo.losses.length, epoch: epoch + 1, accuracy });
-      $('status').textContent = `epoch ${epoch + 1}/${epochs} · loss ${demo.losses.at(-1).toFixed(4)} · test accuracy ${(accuracy * 100).toFixed(1)}% · ${((performance.now() - started) / 1000).toFixed(1)} s`;
-      drawChart();
-      await yieldToPage();
-      sliceStart = performance.now();
-    }
+    const result = await rpc.call('train', {
+      hidden: Number($('hidden').value), epochs: Number(params.get('epochs') || $('epochs').value),
+      lr: Number($('lr').value), batch: Number($('batch').value),
+    });
+    demo.seconds = result.seconds;
     demo.state = 'done';
-    demo.seconds = (performance.now() - started) / 1000;
-    $('status').textContent += `\n${stopRequested ? 'stopped' : 'done'} · ${demo.losses.length} steps on ${kiln.device} — now draw a digit`;
+    trained = true;
+    drawChart();
+    $('status').textContent += `\n${result.stopped ? 'stopped' : 'done'} · ${result.steps} steps on ${info.device} in a Web Worker — now draw a digit`;
   } catch (e) {
-    demo.state = 'error';
-    demo.error = String(e && e.message ? e.message : e);
-    $('status').textContent = `error: ${demo.error}`;
+    fail(e);
   } finally {
-    opt.free();
-    graph.free();
-    $('train').disabled = false; $('stop').disabled = true;
+    for (const id of ['train', 'download', 'upload']) $(id).disabled = false;
+    $('download').disabled = !trained;
+    $('stop').disabled = true;
     predictFromPad();
   }
 }
 
-// Event-loop gaps while training: the responsiveness the test checks.
-let lastTick = performance.now();
-setInterval(() => {
-  const now = performance.now();
-  if (demo.state === 'training') demo.maxGapMs = Math.max(demo.maxGapMs, now - lastTick);
-  lastTick = now;
-}, 20);
-
 $('train').onclick = () => trainModel();
-$('stop').onclick = () => { stopRequested = true; };
+$('stop').onclick = () => rpc.call('stop');
+
+// ----- checkpoints: the model's stateDict() bytes (safetensors, native kiln's keys) --
+
+$('download').onclick = async () => {
+  const { bytes, hidden } = await rpc.call('save');
+  const url = URL.createObjectURL(new Blob([bytes], { type: 'application/octet-stream' }));
+  const a = Object.assign(document.createElement('a'), { href: url, download: `kiln-digits-mlp-${hidden}.safetensors` });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+};
+$('upload').onchange = async () => {
+  const file = $('upload').files[0];
+  if (!file) return;
+  try {
+    const bytes = new Uint8Array(await file.arrayBuffer());
+    // The hidden width: from the name the download gave the file, else the field; loadStateDict
+    // refuses a file whose shapes differ, naming every mismatched key.
+    const hidden = Number(file.name.match(/mlp-(\d+)/)?.[1] ?? $('hidden').value);
+    const { accuracy } = await rpc.call('load', { bytes, hidden }, [bytes.buffer]);
+    $('hidden').value = hidden;
+    trained = true;
+    demo.checkpoint = { loaded: file.name, size: file.size, accuracy };
+    $('status').textContent = `loaded ${file.name} (${file.size} bytes): test accuracy ${(accuracy * 100).toFixed(1)}% — draw a digit`;
+    $('download').disabled = false;
+    await predictFromPad();
+  } catch (e) {
+    $('status').textContent = `error: ${e.message}`;
+    demo.error = e.message;
+  } finally {
+    $('upload').value = '';
+  }
+};
 
 // ----- drawing -------------------------------------------------------------
 
@@ -152,7 +149,7 @@ const pctx = pad.getContext('2d');
 function clearPad() {
   pctx.fillStyle = '#000'; pctx.fillRect(0, 0, pad.width, pad.height);
   $('preview').getContext('2d').clearRect(0, 0, 96, 96);
-  $('prediction').textContent = model ? 'draw a digit' : 'train, then draw';
+  $('prediction').textContent = trained ? 'draw a digit' : 'train, then draw';
   $('bars').innerHTML = '';
   demo.prediction = null;
 }
@@ -199,25 +196,24 @@ export function padToFeatures() {
 
 async function predictFromPad() {
   const features = padToFeatures();
-  if (!features || !model || demo.state === 'training') return;
+  if (!features || !trained || demo.state === 'training') return;
   const prev = $('preview').getContext('2d');
   for (let i = 0; i < 64; i++) {
     const v = Math.round(features[i] * 255);
     prev.fillStyle = `rgb(${v},${v},${v})`;
     prev.fillRect((i % 8) * 12, Math.floor(i / 8) * 12, 12, 12);
   }
-  const graph = kiln.graph();
-  const probs = await graph.noGrad(() => model.forward(graph.tensor(features, [1, 64])).softmax()).toArray();
-  graph.free();
+  const probs = await rpc.call('predict', { features });
   let best = 0;
   for (let i = 1; i < 10; i++) if (probs[i] > probs[best]) best = i;
-  demo.prediction = { digit: best, probabilities: Array.from(probs), features: Array.from(features) };
+  demo.prediction = { digit: best, probabilities: probs, features: Array.from(features) };
   $('prediction').textContent = `it's a ${best} (${(probs[best] * 100).toFixed(0)}%)`;
-  $('bars').innerHTML = Array.from(probs, (p, i) => `<div>${i} <i style="width:${Math.round(p * 120)}px"></i> ${(p * 100).toFixed(1)}%</div>`).join('');
+  $('bars').innerHTML = probs.map((p, i) => `<div>${i} <i style="width:${Math.round(p * 120)}px"></i> ${(p * 100).toFixed(1)}%</div>`).join('');
 }
 
 drawChart();
 $('train').disabled = false;
-$('status').textContent = `ready: ${train.length} training and ${test.length} test digits · press Train`;
+$('upload').disabled = false;
+$('status').textContent = `ready: ${info.train} training and ${info.test} test digits · press Train`;
 demo.state = 'ready';
 if (params.get('autotrain')) trainModel();
