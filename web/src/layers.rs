@@ -33,6 +33,11 @@ extern "C" {
     /// Options of `multiheadAttention`.
     #[wasm_bindgen(typescript_type = "{ bias?: boolean; causal?: boolean; dropout?: number; seed?: number }")]
     pub type AttentionOptionsArg;
+
+    /// The initialisers of `initParam` (kiln-core's `nn::init`).
+    #[wasm_bindgen(typescript_type = "'zeros' | 'ones' | 'constant' | 'uniform' | 'normal' | 'xavierUniform' | \
+        'xavierNormal' | 'kaimingUniform' | 'kaimingNormal'")]
+    pub type InitKind;
 }
 
 /// A field of an options object (undefined when the object or the field is
@@ -441,6 +446,44 @@ impl Kiln {
             self::seed(seed),
         )?;
         Ok(Layer::with_cache("TransformerBlock", layer))
+    }
+
+    /// A parameter filled by one of kiln's initialisers (native kiln's
+    /// `nn::init`: the same values for the same seed). `a`, `b`: 'constant'
+    /// value; 'uniform' low (default 0), high (1); 'normal' mean (0), std
+    /// (1); xavier* gain (1); kaiming* the negative slope a (0).
+    #[wasm_bindgen(js_name = initParam)]
+    pub fn init_param(
+        &self,
+        kind: &InitKind,
+        name: &str,
+        shape: &IntList,
+        a: Option<f64>,
+        b: Option<f64>,
+        seed: Option<f64>,
+    ) -> Res<Param> {
+        use nn::init;
+        let d = self.core_device();
+        let dims = dims(&uints("initParam", shape)?);
+        let seed = self::seed(seed);
+        let inner = match kind.as_string().as_deref().unwrap_or("") {
+            "zeros" => init::zeros(d, name, &dims),
+            "ones" => init::ones(d, name, &dims),
+            "constant" => init::constant(d, name, &dims, a.unwrap_or(0.0)),
+            "uniform" => init::uniform(d, name, &dims, a.unwrap_or(0.0), b.unwrap_or(1.0), seed),
+            "normal" => init::normal(d, name, &dims, a.unwrap_or(0.0), b.unwrap_or(1.0), seed),
+            "xavierUniform" => init::xavier_uniform(d, name, &dims, a.unwrap_or(1.0), seed),
+            "xavierNormal" => init::xavier_normal(d, name, &dims, a.unwrap_or(1.0), seed),
+            "kaimingUniform" => init::kaiming_uniform(d, name, &dims, a.unwrap_or(0.0), seed),
+            "kaimingNormal" => init::kaiming_normal(d, name, &dims, a.unwrap_or(0.0), seed),
+            other => {
+                return Err(KilnError::argument(
+                    "initParam",
+                    format!("unknown initialiser {other:?}: zeros, ones, constant, uniform, normal, xavierUniform, xavierNormal, kaimingUniform or kaimingNormal"),
+                ))
+            }
+        }?;
+        Ok(Param { inner })
     }
 
     /// A cache for incremental decoding: room for `capacity` positions of

@@ -37,15 +37,6 @@ export const exceptions = {
   'init::fans': 'a helper of the initialisers (fan-in/fan-out of a shape)',
   prefix_entries: 'a helper of #[derive(Module)] for checkpoint keys',
   dedup_params: 'a helper of Module::parameters',
-  'init::constant': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
-  'init::zeros': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
-  'init::ones': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
-  'init::uniform': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
-  'init::normal': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
-  'init::xavier_uniform': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
-  'init::xavier_normal': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
-  'init::kaiming_uniform': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
-  'init::kaiming_normal': 'NOT DONE: initialisers (init::*) are not in JS; layers take a seed',
   checkpoint_many: 'NOT DONE: activation checkpointing is not in JS',
   checkpoint: 'NOT DONE: activation checkpointing is not in JS',
   BackwardOptions: "its two fields are Tensor.backward(seed?, keepGraph?)'s arguments (higher order is graph.grad, as in Rust)",
@@ -73,6 +64,9 @@ const camel = (s) => s.replace(/_([a-z0-9])/g, (_, c) => c.toUpperCase());
 const lowerFirst = (s) => (/^[A-Z]{2,}/.test(s) ? s.replace(/^[A-Z]+(?=[A-Z][a-z])|^[A-Z]+$/, (m) => m.toLowerCase()) : s[0].toLowerCase() + s.slice(1));
 
 function counterpart(name) {
+  // init::xavier_uniform -> kiln.initParam('xavierUniform', ...): the kind is a string literal in the typings.
+  const init = /^init::(.*)$/.exec(name);
+  if (init) return typings.includes('initParam(') && typings.includes(`'${camel(init[1])}'`) ? `initParam('${camel(init[1])}')` : null;
   if (name.includes('::')) return null;
   if (name in renamed) return typings.includes(renamed[name]) ? renamed[name] : null;
   const candidates = new Set([name, camel(name), lowerFirst(name), lowerFirst(camel(name)), name.toLowerCase()]);

@@ -446,6 +446,34 @@ export const tests = [
     allClose(await h.toArray(), want.slice(0, 8), 1e-4, 'after reset, position 0 again');
     cache.free(); lin.free(); blocks.forEach((b) => b.free()); g.free();
   }],
+  ['initParam: kiln-core\'s initialisers, by name', async (k, env, kiln) => {
+    const values = async (...args) => { const p = kiln.initParam(...args); const v = await p.value(); p.free(); return v; };
+    assert((await values('zeros', 'z', [2, 3])).every((v) => v === 0), 'zeros');
+    assert((await values('ones', 'o', [4])).every((v) => v === 1), 'ones');
+    assert((await values('constant', 'c', [3], 0.25)).every((v) => v === 0.25), 'constant');
+    const u = await values('uniform', 'u', [1000], -2, 3, 5);
+    assert(u.every((v) => v >= -2 && v <= 3) && Math.min(...u) < -1.5 && Math.max(...u) > 2.5, 'uniform in [-2, 3], spread');
+    allClose(u, await values('uniform', 'u', [1000], -2, 3, 5), 0, 'the same seed, the same values');
+    const n = await values('normal', 'n', [4000], 1, 2, 6);
+    const mean = n.reduce((a, b) => a + b, 0) / n.length;
+    const std = Math.sqrt(n.reduce((a, b) => a + (b - mean) ** 2, 0) / n.length);
+    close(mean, 1, 0.1, 'normal mean'); close(std, 2, 0.05, 'normal std');
+    // [out, in] = [30, 20]: fan-in 20, fan-out 30.
+    const xu = await values('xavierUniform', 'w', [30, 20], 1, 7);
+    const bound = Math.sqrt(6 / 50);
+    assert(xu.every((v) => Math.abs(v) <= bound) && Math.max(...xu.map(Math.abs)) > 0.9 * bound, `xavierUniform within ±${bound}`);
+    const kn = await values('kaimingNormal', 'w', [200, 50], 0, 8);
+    close(Math.sqrt(kn.reduce((a, b) => a + b * b, 0) / kn.length), Math.sqrt(2 / 50), 0.05, 'kaimingNormal std');
+    const ku = await values('kaimingUniform', 'w', [10, 24], 0, 9);
+    assert(ku.every((v) => Math.abs(v) <= Math.sqrt(6 / 24)), 'kaimingUniform bound');
+    close(Math.sqrt((await values('xavierNormal', 'w', [100, 100], 2, 1)).reduce((a, b) => a + b * b, 0) / 1e4), 2 * Math.sqrt(2 / 200), 0.05, 'xavierNormal std with gain 2');
+    const p = kiln.initParam('normal', 'named', [2, 2]);
+    assert(p.name === 'named' && JSON.stringify(Array.from(p.shape)) === '[2,2]' && p.requiresGrad, 'a trainable Param');
+    p.free();
+    throws(() => kiln.initParam('glorot', 'w', [2]), (e) => assert(e instanceof k.KilnError && e.kind === 'InvalidArgument' && /unknown initialiser "glorot"/.test(e.message), e.message), 'unknown kind');
+    throws(() => kiln.initParam('uniform', 'w', [2], 1, 0), (e) => assert(e instanceof k.KilnError && /init::uniform/.test(e.message), e.message), 'high < low');
+    throws(() => kiln.initParam('xavierUniform', 'w', []), (e) => assert(e instanceof k.KilnError && e.kind === 'Shape', e.message), 'a scalar has no fans');
+  }],
   ['digits: loadDigits inflates gzipped bytes; digitsFromBytes takes the plain CSV', async (k) => {
     const csv = Array.from({ length: 10 }, (_, i) => [...Array(64).fill(i % 17), i % 10].join(',')).join('\n');
     const plain = new TextEncoder().encode(csv);

@@ -138,16 +138,23 @@ impl Tuner {
                 ))
             }
             [only] => *only,
-            _ if !self.measure => rule(m, n, &candidates),
+            _ if !self.measure => rule(m, n, p.k as usize, &candidates),
             _ => self.fastest(be, p, batches, &candidates)?,
         };
+        #[cfg(not(target_arch = "wasm32"))]
+        if std::env::var_os("KILN_MATMUL_TUNE_LOG").is_some() {
+            eprintln!(
+                "kiln matmul: {m} x {n} x {} ({batches} batches, A rows {}, B rows {}): {candidates:?} -> {pick:?}",
+                p.k, class.a_rows, class.b_rows
+            );
+        }
         self.chosen.borrow_mut().insert(class, pick);
         Ok(pick)
     }
 
     #[cfg(target_arch = "wasm32")]
     fn fastest(&self, _: &WgpuBackend, p: &MatMul, _: usize, candidates: &[MatMulKernel]) -> Result<MatMulKernel> {
-        Ok(rule(p.m as usize, p.n as usize, candidates))
+        Ok(rule(p.m as usize, p.n as usize, p.k as usize, candidates))
     }
 
     /// The candidate that ran a product of `p`'s class fastest: three
@@ -171,7 +178,7 @@ impl Tuner {
                 self.trials.set(self.trials.get() + 1);
             }
         }
-        let ruled = rule(p.m as usize, p.n as usize, candidates);
+        let ruled = rule(p.m as usize, p.n as usize, p.k as usize, candidates);
         let ruled_time = best[candidates.iter().position(|&k| k == ruled).expect("the rule picks a candidate")];
         let (i, fastest) = best.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).expect("candidates");
         Ok(if *fastest < ruled_time / 1.1 { candidates[i] } else { ruled })
@@ -193,12 +200,21 @@ fn candidates(m: usize, n: usize) -> Vec<MatMulKernel> {
     v
 }
 
-/// Without timing: a thread per output when M or N is tiny, else the
-/// largest tile that the product fills.
-fn rule(m: usize, n: usize, candidates: &[MatMulKernel]) -> MatMulKernel {
-    let want = if m.min(n) <= 8 {
+/// Without timing (in the browser, and natively with `KILN_MATMUL_TUNE=0`),
+/// and the pick a measured candidate must beat by 10 %: a thread per output
+/// when M or N is at most 16, or when K is at most 16 (a 16-deep slab of the
+/// tiled kernels would be mostly padding); the 128 tile when both sides fill
+/// most of it; the 64 tile otherwise. Fitted to the tuner's measured picks
+/// on lavapipe for all 20 product classes of W1, W2 and W4 (2026-12-01):
+/// the earlier rule (128 tiles only from 256 x 256, a thread per output only
+/// up to 8) disagreed on 9 of them and made W2 2.2x slower there.
+fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel]) -> MatMulKernel {
+    // (A tiny K with both sides large leaves the skinny kernel out of the
+    // candidates; then the tile the product fills decides.)
+    let skinny = (m.min(n) <= 16 || k <= 16) && candidates.contains(&MatMulKernel::Skinny);
+    let want = if skinny {
         MatMulKernel::Skinny
-    } else if m >= 256 && n >= 256 {
+    } else if m.min(n) >= 96 && m.max(n) >= 128 {
         MatMulKernel::Tile128
     } else {
         MatMulKernel::Tile64
@@ -324,12 +340,36 @@ mod tests {
 
     #[test]
     fn the_rule_prefers_threads_per_output_for_vectors_and_big_tiles_for_big_products() {
-        assert_eq!(rule(1, 4096, &candidates(1, 4096)), MatMulKernel::Skinny);
-        assert_eq!(rule(4096, 1, &candidates(4096, 1)), MatMulKernel::Skinny);
-        assert_eq!(rule(1024, 1024, &candidates(1024, 1024)), MatMulKernel::Tile128);
-        assert_eq!(rule(128, 512, &candidates(128, 512)), MatMulKernel::Tile64);
-        assert_eq!(rule(32, 32, &candidates(32, 32)), MatMulKernel::Tile64);
-        assert!(!candidates(64, 64).contains(&MatMulKernel::Tile128));
-        assert!(!candidates(64, 64).contains(&MatMulKernel::Skinny));
+        let pick = |m, n, k| rule(m, n, k, &candidates(m, n));
+        use MatMulKernel::*;
+        assert_eq!(pick(1, 4096, 64), Skinny);
+        assert_eq!(pick(4096, 1, 64), Skinny);
+        assert_eq!(pick(1024, 1024, 1024), Tile128);
+        assert_eq!(pick(32, 32, 32), Tile64);
+        assert!(!candidates(64, 64).contains(&Tile128));
+        assert!(!candidates(64, 64).contains(&Skinny));
+        // The tuner's picks on lavapipe for the products of W1, W2 and W4.
+        for (m, n, k, want) in [
+            (10, 128, 64, Skinny),
+            (128, 1600, 64, Tile128),
+            (288, 121, 64, Tile128),
+            (32, 676, 9, Skinny),
+            (32, 9, 676, Skinny),
+            (64, 10, 128, Skinny),
+            (64, 121, 288, Tile64),
+            (64, 128, 10, Tile64),
+            (64, 128, 1600, Tile64),
+            (64, 1600, 128, Tile64),
+            (64, 288, 121, Tile64),
+            (10, 512, 128, Skinny),
+            (128, 10, 512, Skinny),
+            (128, 512, 10, Tile128),
+            (128, 512, 512, Tile128),
+            (128, 512, 784, Tile128),
+            (512, 512, 128, Tile128),
+            (512, 784, 128, Tile128),
+        ] {
+            assert_eq!(pick(m, n, k), want, "{m} x {n} x {k}");
+        }
     }
 }
