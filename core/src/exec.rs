@@ -28,6 +28,8 @@
 mod fusion;
 pub(crate) mod plan;
 
+use std::rc::Rc;
+
 use smallvec::SmallVec;
 
 use crate::backend::{Backend, BufferId, Concurrency, KernelCall, TensorRef};
@@ -90,6 +92,25 @@ impl Graph {
         targets: &[NodeId],
         computed: &mut dyn FnMut(NodeId, BufferId) -> Result<()>,
     ) -> Result<()> {
+        self.realize_planned(targets, computed, None)
+    }
+
+    /// `realize_ids` for a graph whose structure cannot have changed since
+    /// `held` was recorded for it (a `Compiled` trace: nothing outside it
+    /// can reach its graph, and every call frees what the last computed):
+    /// replays `held` without comparing the structure node by node (only
+    /// its size, targets and switches), and keeps in `held` the plan this
+    /// execution used or recorded.
+    pub(crate) fn realize_ids_held(&self, targets: &[NodeId], held: &mut Option<Rc<plan::Plan>>) -> Result<()> {
+        self.realize_planned(targets, &mut |_, _| Ok(()), Some(held))
+    }
+
+    fn realize_planned(
+        &self,
+        targets: &[NodeId],
+        computed: &mut dyn FnMut(NodeId, BufferId) -> Result<()>,
+        mut held: Option<&mut Option<Rc<plan::Plan>>>,
+    ) -> Result<()> {
         let Some(&max) = targets.iter().max() else { return Ok(()) };
         let device = self.device().clone();
         let backend = device.backend();
@@ -103,17 +124,23 @@ impl Graph {
         let concurrency = if device.parallel_branches() { backend.concurrency() } else { None };
         let fuse = device.fusion() && backend.fuses();
         let switches = plan::Switches { keep_saved, fuse, concurrency };
-        let cached = device.with_plan_cache(|cache| cache.find(state, targets, end, switches));
+        let reuse = held
+            .as_deref()
+            .and_then(|h| h.clone())
+            .filter(|p| device.plan_cache_enabled() && p.fits(state, targets, end, switches));
+        let cached = match reuse {
+            Some(plan) => Some(Ok(plan)),
+            None => device.with_plan_cache(|cache| cache.find(state, targets, end, switches)),
+        };
         let mut order = std::mem::take(&mut state.scratch_order);
         let mut result = Ok(());
         match cached {
             Some(Ok(plan)) => {
                 device.count_plan(true);
-                marks.clear();
-                marks.extend_from_slice(&plan.marks);
-                uses.clear();
-                uses.extend_from_slice(&plan.uses);
-                result = replay(&device, state, &plan, &mut uses, &marks, keep_saved, computed);
+                if let Some(h) = held.as_deref_mut() {
+                    *h = Some(plan.clone());
+                }
+                result = replay(&device, state, &plan, computed);
             }
             recording => {
                 // Mark what is needed, walking ids downwards: a node is needed if a
@@ -136,8 +163,9 @@ impl Graph {
                     }
                 }
                 let recording = recording.and_then(|r| r.err());
-                let mut record =
-                    recording.map(|r| (r, uses.clone(), marks.clone(), Vec::new(), Vec::new(), Vec::new()));
+                let mut record = recording.map(|r| (r, plan::Recorded::default()));
+                // Values freed by the current step, in the order freed.
+                let mut freed: Vec<NodeId> = Vec::new();
                 order.clear();
                 order.extend(
                     (0..end).filter(|&id| marks[id] & NEEDED != 0 && state.values[id].is_none()).map(|id| id as NodeId),
@@ -163,12 +191,13 @@ impl Graph {
                                 result = Err(e);
                                 break;
                             }
+                            freed.clear();
                             for &m in &prepared.group.members {
-                                release_inputs(&device, state, m, &mut uses, &marks, keep_saved);
+                                release_inputs(&device, state, m, &mut uses, &marks, keep_saved, &mut freed);
                             }
-                            if let Some((_, _, _, steps, _, groups)) = record.as_mut() {
-                                steps.push(plan::Step::Fused(groups.len() as u32));
-                                groups.push(prepared);
+                            if let Some((_, r)) = record.as_mut() {
+                                r.push_step(plan::Step::Fused(r.groups.len() as u32), &freed);
+                                r.groups.push(prepared);
                             }
                             continue;
                         }
@@ -187,12 +216,14 @@ impl Graph {
                             result = Err(e);
                             break;
                         }
+                        freed.clear();
                         for &b in group {
-                            release_inputs(&device, state, b, &mut uses, &marks, keep_saved);
+                            release_inputs(&device, state, b, &mut uses, &marks, keep_saved, &mut freed);
                         }
-                        if let Some((_, _, _, steps, nodes, _)) = record.as_mut() {
-                            steps.push(plan::Step::Run { start: nodes.len() as u32, len: group.len() as u32 });
-                            nodes.extend_from_slice(group);
+                        if let Some((_, r)) = record.as_mut() {
+                            let step = plan::Step::Run { start: r.nodes.len() as u32, len: group.len() as u32 };
+                            r.push_step(step, &freed);
+                            r.nodes.extend_from_slice(group);
                         }
                     }
                     if result.is_err() {
@@ -200,9 +231,12 @@ impl Graph {
                     }
                 }
                 // Only a plan that ran to the end is worth replaying.
-                if let (Some((recording, uses0, marks0, steps, nodes, groups)), Ok(())) = (record, &result) {
+                if let (Some((recording, recorded)), Ok(())) = (record, &result) {
                     device.count_plan(false);
-                    device.with_plan_cache(|cache| cache.insert(recording, uses0, marks0, steps, nodes, groups));
+                    let plan = device.with_plan_cache(|cache| cache.insert(recording, recorded));
+                    if let Some(h) = held.as_deref_mut() {
+                        *h = plan;
+                    }
                 }
             }
         }
@@ -231,31 +265,29 @@ impl Graph {
 }
 
 /// Run a recorded plan: the same kernels, groups and frees, in the same
-/// order, as the execution that recorded it.
+/// order, as the execution that recorded it. The frees are the recorded
+/// ones: which values a step's last uses release follows from the
+/// structure the plan was recorded for, so nothing is counted again.
 fn replay(
     device: &Device,
     state: &mut GraphState,
     plan: &plan::Plan,
-    uses: &mut [u32],
-    marks: &[u8],
-    keep_saved: bool,
     computed: &mut dyn FnMut(NodeId, BufferId) -> Result<()>,
 ) -> Result<()> {
-    for &step in &plan.steps {
+    for (k, &step) in plan.steps.iter().enumerate() {
         match step {
             plan::Step::Run { start, len } => {
-                let nodes = plan::step_nodes(plan, start, len);
-                run_batch(device, state, nodes, computed)?;
-                for &b in nodes {
-                    release_inputs(device, state, b, uses, marks, keep_saved);
-                }
+                run_batch(device, state, plan::step_nodes(plan, start, len), computed)?;
             }
             plan::Step::Fused(i) => {
-                let prepared = &plan.groups[i as usize];
-                fusion::run_group(device, state, prepared, computed)?;
-                for &m in &prepared.group.members {
-                    release_inputs(device, state, m, uses, marks, keep_saved);
-                }
+                fusion::run_group(device, state, &plan.groups[i as usize], computed)?;
+            }
+        }
+        for &node in plan.step_frees(k) {
+            let n = state.nodes[node as usize];
+            if let Some(buffer) = state.values[node as usize].take() {
+                let len = SlabRange::of(&state.dims_slab, n.dims).iter().product();
+                device.give_back(buffer, n.dtype, len);
             }
         }
     }
@@ -421,7 +453,8 @@ pub(crate) fn pinned(flags_of_node: u8, keep_saved: bool) -> bool {
     (keep_saved && flags_of_node & flags::SAVED != 0) || flags_of_node & (flags::RETAIN_GRAD | flags::REQUESTED) != 0
 }
 
-/// Release the inputs of `id` whose last consumer it was.
+/// Release the inputs of `id` whose last consumer it was, appending each
+/// value freed to `freed`.
 fn release_inputs(
     device: &Device,
     state: &mut GraphState,
@@ -429,6 +462,7 @@ fn release_inputs(
     uses: &mut [u32],
     marks: &[u8],
     keep_saved: bool,
+    freed: &mut Vec<NodeId>,
 ) {
     let node = state.nodes[id as usize];
     for k in 0..node.inputs.len as usize {
@@ -444,6 +478,7 @@ fn release_inputs(
         if let Some(buffer) = state.values[input].take() {
             let len = SlabRange::of(&state.dims_slab, n.dims).iter().product();
             device.give_back(buffer, n.dtype, len);
+            freed.push(input as NodeId);
         }
     }
 }

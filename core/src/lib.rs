@@ -8,6 +8,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;
+pub mod compile;
 pub mod coverage;
 pub mod data;
 pub mod device;
@@ -28,6 +29,7 @@ pub mod tensor_rng;
 
 pub use autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, BackwardOptions};
 pub use backend::{Backend, BufferId, Concurrency, KernelCall, ParamUpdate, TensorRef};
+pub use compile::Compiled;
 pub use device::{Device, ExecStats, PoolStats};
 pub use dtype::{DType, Element, HostData};
 pub use error::{Error, ErrorKind, Result};

@@ -265,6 +265,38 @@ pub fn w3_graph_overhead(device: &Device, backend: &str, counted: usize) -> Resu
     Ok(summarize("W3", backend, times, notes))
 }
 
+/// W3 through `Compiled` (the `jax.jit` counterpart): the chain and its
+/// gradient (`Graph::grad`) are built once, then every step writes x into
+/// the traced graph, replays the executor's plan and reads the loss and
+/// the gradient back.
+pub fn w3_compiled(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
+    let x0 = kiln_core::HostData::F32(random_vec(16, 4));
+    let mut f = kiln_core::Compiled::new(device, |graph, xs| {
+        let x = xs[0];
+        let mut y = x;
+        for _ in 0..1000 {
+            y = y.mul(1.0001)?.add(0.001)?.tanh()?;
+        }
+        let loss = y.sum_all()?;
+        let dx = graph.grad(loss, &[x], None)?;
+        Ok(vec![loss, dx[0]])
+    });
+    let mut step = || {
+        pollster::block_on(f.call(&[(&x0, &[16])]))?;
+        Ok(())
+    };
+    let times = time_runs(5, counted, &mut step)?;
+    let counters = step_counters(device, 0, 3, &mut step)?;
+    let median = {
+        let mut t = times.clone();
+        t.sort_by(|a, b| a.total_cmp(b));
+        t[t.len() / 2]
+    };
+    let notes =
+        format!("per-op {:.2} us, kiln_core::Compiled (traced once) {}", median * 1e3 / 1000.0, counters.notes());
+    Ok(summarize("W3", &format!("{backend}-compiled"), times, notes))
+}
+
 /// W4: 1024³ GEMM, forward only, result read back.
 pub fn w4_gemm(device: &Device, backend: &str, counted: usize) -> Result<BenchResult> {
     let n = 1024;

@@ -567,7 +567,13 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     for w in &args.workloads {
         let result = match w.to_ascii_uppercase().as_str() {
             "W1" => bench::w1_mlp_step(&device, backend, 100)?,
-            "W3" => bench::w3_graph_overhead(&device, backend, 20)?,
+            // Two lines: the graph built every step (as a training loop
+            // does), and the same step through `Compiled` (jax.jit's
+            // counterpart: traced once, replayed).
+            "W3" => {
+                println!("{}", bench::w3_graph_overhead(&device, backend, 20)?.json());
+                bench::w3_compiled(&device, backend, 20)?
+            }
             "W4" => bench::w4_gemm(&device, backend, 10)?,
             "W2" => bench::w2_cnn_step(&device, backend, 20)?,
             // Activation checkpointing: a software GPU (lavapipe) is slow,

@@ -40,13 +40,32 @@ pub(super) enum Step {
 /// What an execution decided, to replay.
 pub(crate) struct Plan {
     key: Key,
-    /// Consumers of each value and the executor's marks, as they were after
-    /// marking (before anything ran).
-    pub(super) uses: Vec<u32>,
-    pub(super) marks: Vec<u8>,
     pub(super) steps: Vec<Step>,
     pub(super) nodes: Vec<NodeId>,
     pub(super) groups: Vec<Prepared>,
+    /// The values step `k` freed (their last consumer ran in it), in the
+    /// order freed: `frees[free_ends[k - 1]..free_ends[k]]`.
+    free_ends: Vec<u32>,
+    frees: Vec<NodeId>,
+}
+
+/// A plan's parts while its execution runs.
+#[derive(Default)]
+pub(super) struct Recorded {
+    steps: Vec<Step>,
+    pub nodes: Vec<NodeId>,
+    pub groups: Vec<Prepared>,
+    free_ends: Vec<u32>,
+    frees: Vec<NodeId>,
+}
+
+impl Recorded {
+    /// Append a step and the values it freed.
+    pub(super) fn push_step(&mut self, step: Step, freed: &[NodeId]) {
+        self.steps.push(step);
+        self.frees.extend_from_slice(freed);
+        self.free_ends.push(self.frees.len() as u32);
+    }
 }
 
 /// The executor's switches that change its decisions.
@@ -161,6 +180,22 @@ impl Key {
     }
 }
 
+impl Plan {
+    /// Whether this plan was recorded for an execution of this size, these
+    /// targets and switches, on a graph with slabs of the same lengths: the
+    /// check for a plan held by the one user of a graph whose structure
+    /// cannot change (`Graph::realize_ids_held`); the node-by-node
+    /// comparison is `find`'s.
+    pub(super) fn fits(&self, state: &GraphState, targets: &[NodeId], end: usize, switches: Switches) -> bool {
+        let (inputs_end, dims_end) = slab_ends(state, end);
+        self.key.nodes.len() == end
+            && self.key.switches == switches
+            && self.key.targets == targets
+            && self.key.input_slab.len() == inputs_end
+            && self.key.dims_slab.len() == dims_end
+    }
+}
+
 /// A device's plans, most recently used last.
 #[derive(Default)]
 pub(crate) struct PlanCache {
@@ -200,20 +235,22 @@ impl PlanCache {
         self.next_group
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn insert(
-        &mut self,
-        recording: Recording,
-        uses: Vec<u32>,
-        marks: Vec<u8>,
-        steps: Vec<Step>,
-        nodes: Vec<NodeId>,
-        groups: Vec<Prepared>,
-    ) {
+    pub(super) fn insert(&mut self, recording: Recording, recorded: Recorded) -> Rc<Plan> {
         if self.plans.len() >= CAPACITY {
             self.plans.remove(0);
         }
-        self.plans.push(Rc::new(Plan { key: recording.key, uses, marks, steps, nodes, groups }));
+        let Recorded { steps, nodes, groups, free_ends, frees } = recorded;
+        let plan = Rc::new(Plan { key: recording.key, steps, nodes, groups, free_ends, frees });
+        self.plans.push(plan.clone());
+        plan
+    }
+}
+
+impl Plan {
+    /// The values step `k` freed when it was recorded.
+    pub(super) fn step_frees(&self, k: usize) -> &[NodeId] {
+        let start = if k == 0 { 0 } else { self.free_ends[k - 1] as usize };
+        &self.frees[start..self.free_ends[k] as usize]
     }
 }
 
