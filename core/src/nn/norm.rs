@@ -54,10 +54,13 @@ impl Module for LayerNorm {
         }
         let axes: Vec<isize> = (d.len() - k..d.len()).map(|a| a as isize).collect();
         let graph = x.graph();
-        let mean = x.mean(&axes, true)?;
-        let var = x.var(&axes, true, 0)?;
-        let normalized = x.sub(mean)?.div(var.add(self.eps)?.sqrt()?)?;
-        normalized.mul(graph.param(&self.weight)?)?.add(graph.param(&self.bias)?)
+        // One mean, whose centred values serve both the variance and the
+        // output, and one reciprocal standard deviation per row (a multiply
+        // per element, not a divide): `x.var` would centre x a second time,
+        // and backward would then go through both copies.
+        let centered = x.sub(x.mean(&axes, true)?)?;
+        let inv_std = centered.square()?.mean(&axes, true)?.add(self.eps)?.sqrt()?.recip()?;
+        centered.mul(inv_std)?.mul(graph.param(&self.weight)?)?.add(graph.param(&self.bias)?)
     }
     fn parameters(&self) -> Vec<Param> {
         vec![self.weight.clone(), self.bias.clone()]
