@@ -154,13 +154,22 @@ fn time_runs(warmup: usize, counted: usize, mut step: impl FnMut() -> Result<()>
     Ok(times)
 }
 
+/// The median of `times` (the mean of the middle two for an even count):
+/// the one figure both the JSON line's `median_ms` and the per-op and
+/// GFLOP/s notes derive from, so they always agree.
+fn median(times: &[f64]) -> f64 {
+    let mut t = times.to_vec();
+    t.sort_by(|a, b| a.total_cmp(b));
+    match t.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => t[n / 2],
+        n => (t[n / 2 - 1] + t[n / 2]) / 2.0,
+    }
+}
+
 fn summarize(workload: &'static str, backend: &str, mut times: Vec<f64>, notes: String) -> BenchResult {
+    let median = median(&times);
     times.sort_by(|a, b| a.total_cmp(b));
-    let median = if times.len() % 2 == 1 {
-        times[times.len() / 2]
-    } else {
-        (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0
-    };
     BenchResult {
         workload,
         backend: backend.to_string(),
@@ -255,11 +264,7 @@ pub fn w3_graph_overhead(device: &Device, backend: &str, counted: usize) -> Resu
     };
     let times = time_runs(5, counted, &mut step)?;
     let counters = step_counters(device, 0, 3, &mut step)?;
-    let median = {
-        let mut t = times.clone();
-        t.sort_by(|a, b| a.total_cmp(b));
-        t[t.len() / 2]
-    };
+    let median = median(&times);
     let notes =
         format!("per-op {:.2} us ({} graph nodes per run) {}", median * 1e3 / 1000.0, graph.len(), counters.notes());
     Ok(summarize("W3", backend, times, notes))
@@ -287,11 +292,7 @@ pub fn w3_compiled(device: &Device, backend: &str, counted: usize) -> Result<Ben
     };
     let times = time_runs(5, counted, &mut step)?;
     let counters = step_counters(device, 0, 3, &mut step)?;
-    let median = {
-        let mut t = times.clone();
-        t.sort_by(|a, b| a.total_cmp(b));
-        t[t.len() / 2]
-    };
+    let median = median(&times);
     let notes =
         format!("per-op {:.2} us, kiln_core::Compiled (traced once) {}", median * 1e3 / 1000.0, counters.notes());
     Ok(summarize("W3", &format!("{backend}-compiled"), times, notes))
@@ -310,9 +311,7 @@ pub fn w4_gemm(device: &Device, backend: &str, counted: usize) -> Result<BenchRe
         c.to_vec_blocking::<f32>()?;
         Ok(())
     })?;
-    let mut sorted = times.clone();
-    sorted.sort_by(|x, y| x.total_cmp(y));
-    let median = sorted[sorted.len() / 2];
+    let median = median(&times);
     let gflops = 2.0 * (n as f64).powi(3) / (median * 1e-3) / 1e9;
     Ok(summarize("W4", backend, times, format!("{gflops:.1} GFLOP/s")))
 }
@@ -354,9 +353,7 @@ pub fn gemm_shapes(device: &Device, backend: &str, counted: usize) -> Result<Vec
             c.to_vec_blocking::<f32>()?;
             Ok(())
         })?;
-        let mut sorted = times.clone();
-        sorted.sort_by(|x, y| x.total_cmp(y));
-        let median = sorted[sorted.len() / 2];
+        let median = median(&times);
         let notes = format!("{label}: {:.1} GFLOP/s ({:.1} MFLOP)", flops / (median * 1e-3) / 1e9, flops / 1e6);
         results.push(summarize("GEMM", backend, times, notes));
     }
