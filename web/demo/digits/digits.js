@@ -1,7 +1,7 @@
 // kiln demo: an MLP trains on the package's 8x8 digits in a Web Worker
 // (worker.js); this page charts the loss and test accuracy live, classifies
 // digits drawn on a canvas (the worker predicts), and moves checkpoints.
-import { startWorker, showDevice, watchEventLoop } from '../lib/page.js';
+import { startWorker, showDevice, watchEventLoop, drawChart } from '../lib/page.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -24,46 +24,10 @@ let trained = false;
 
 // ----- chart ---------------------------------------------------------------
 
-function drawChart() {
-  const c = $('chart');
-  const ctx = c.getContext('2d');
-  const W = c.width, H = c.height, L = 46, R = 46, T = 14, B = 30;
-  ctx.clearRect(0, 0, W, H);
-  ctx.font = '11px system-ui, sans-serif';
-  ctx.strokeStyle = '#ddd';
-  ctx.fillStyle = '#666';
-  const losses = demo.losses;
-  const maxLoss = Math.max(2.5, ...losses.slice(0, 5));
-  const steps = Math.max(losses.length, 10);
-  for (let i = 0; i <= 5; i++) {
-    const y = T + (H - T - B) * (i / 5);
-    ctx.beginPath(); ctx.moveTo(L, y); ctx.lineTo(W - R, y); ctx.stroke();
-    ctx.textAlign = 'right'; ctx.fillText((maxLoss * (1 - i / 5)).toFixed(2), L - 4, y + 4);
-    ctx.textAlign = 'left'; ctx.fillText(`${100 - i * 20}%`, W - R + 4, y + 4);
-  }
-  ctx.textAlign = 'center';
-  ctx.fillText('training step', (L + W - R) / 2, H - 8);
-  const x = (i) => L + (W - L - R) * (i / steps);
-  // Loss per step (faint) and smoothed.
-  ctx.strokeStyle = 'rgba(194,65,12,.25)';
-  ctx.beginPath();
-  losses.forEach((v, i) => { const y = T + (H - T - B) * (1 - Math.min(v, maxLoss) / maxLoss); i ? ctx.lineTo(x(i), y) : ctx.moveTo(x(i), y); });
-  ctx.stroke();
-  ctx.strokeStyle = '#c2410c'; ctx.lineWidth = 2;
-  ctx.beginPath();
-  let ema = null;
-  losses.forEach((v, i) => { ema = ema === null ? v : 0.9 * ema + 0.1 * v; const y = T + (H - T - B) * (1 - Math.min(ema, maxLoss) / maxLoss); i ? ctx.lineTo(x(i), y) : ctx.moveTo(x(i), y); });
-  ctx.stroke();
-  // Test accuracy after each epoch.
-  ctx.strokeStyle = '#15803d'; ctx.fillStyle = '#15803d';
-  ctx.beginPath();
-  demo.accuracies.forEach(({ step, accuracy }, i) => { const y = T + (H - T - B) * (1 - accuracy); i ? ctx.lineTo(x(step), y) : ctx.moveTo(x(step), y); });
-  ctx.stroke();
-  demo.accuracies.forEach(({ step, accuracy }) => { ctx.beginPath(); ctx.arc(x(step), T + (H - T - B) * (1 - accuracy), 3, 0, 7); ctx.fill(); });
-  ctx.lineWidth = 1;
-  ctx.textAlign = 'left';
-  ctx.fillStyle = '#c2410c'; ctx.fillText('loss', L + 6, T + 12);
-  ctx.fillStyle = '#15803d'; ctx.fillText('test accuracy', L + 40, T + 12);
+// The shared chart (lib/page.js) with this demo's scale: at least 2.5
+// nats, or the first steps' loss when it starts higher.
+function redrawChart() {
+  drawChart($('chart'), demo.losses, demo.accuracies, Math.max(2.5, ...demo.losses.slice(0, 5)));
 }
 
 // ----- training (in the worker) ---------------------------------------------
@@ -77,7 +41,7 @@ rpc.on('progress', (p) => {
     $('status').textContent = `epoch ${p.epoch}/${p.epochs} · loss ${demo.losses.at(-1).toFixed(4)} · test accuracy ${(p.accuracy * 100).toFixed(1)}% · ${p.seconds.toFixed(1)} s`;
   }
   // One redraw per frame, however many steps arrive.
-  if (!chartPending) { chartPending = true; requestAnimationFrame(() => { chartPending = false; drawChart(); }); }
+  if (!chartPending) { chartPending = true; requestAnimationFrame(() => { chartPending = false; redrawChart(); }); }
 });
 rpc.on('error', (e) => fail(new Error(e.error)));
 
@@ -93,7 +57,7 @@ async function trainModel() {
     demo.seconds = result.seconds;
     demo.state = 'done';
     trained = true;
-    drawChart();
+    redrawChart();
     $('status').textContent += `\n${result.stopped ? 'stopped' : 'done'} · ${result.steps} steps on ${info.device} in a Web Worker — now draw a digit`;
   } catch (e) {
     fail(e);
@@ -211,7 +175,7 @@ async function predictFromPad() {
   $('bars').innerHTML = probs.map((p, i) => `<div>${i} <i style="width:${Math.round(p * 120)}px"></i> ${(p * 100).toFixed(1)}%</div>`).join('');
 }
 
-drawChart();
+redrawChart();
 $('train').disabled = false;
 $('upload').disabled = false;
 $('status').textContent = `ready: ${info.train} training and ${info.test} test digits · press Train`;

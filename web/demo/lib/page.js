@@ -113,9 +113,9 @@ export function drawChart(canvas, losses, accuracies = [], maxLoss = null) {
     accuracies.forEach(({ step, accuracy }, i) => (i ? ctx.lineTo(x(step), ya(accuracy)) : ctx.moveTo(x(step), ya(accuracy))));
     ctx.stroke();
     accuracies.forEach(({ step, accuracy }) => { ctx.beginPath(); ctx.arc(x(step), ya(accuracy), 3, 0, 7); ctx.fill(); });
-    ctx.fillText('test accuracy', L + 40, T + 12);
   }
   ctx.textAlign = 'left';
+  if (accuracies.length) { ctx.fillStyle = '#15803d'; ctx.fillText('test accuracy', L + 40, T + 12); }
   ctx.fillStyle = '#c2410c'; ctx.fillText('loss', L + 6, T + 12);
 }
 
