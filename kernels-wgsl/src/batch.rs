@@ -108,6 +108,8 @@ pub(crate) struct Batch {
     /// The GPU side of the parameter arena, grown as needed and reused: the
     /// next execution's write is queued after this one's submission.
     arena: Option<wgpu::Buffer>,
+    /// Dispatches recorded since the backend was created (a counter).
+    pub dispatches: usize,
     /// Per-kernel timing (`KILN_WGPU_PROFILE`); None normally.
     #[cfg(not(target_arch = "wasm32"))]
     pub profile: Option<crate::profile::Profile>,
@@ -137,6 +139,9 @@ impl Batch {
     }
 
     pub fn push(&mut self, command: Command) {
+        if let Command::Dispatch(_) = command {
+            self.dispatches += 1;
+        }
         self.commands.push(command);
     }
 

@@ -29,6 +29,14 @@ pub struct WgpuOptions {
     /// of the one chosen per shape class (for tests and measurements; the
     /// results are the same bits either way).
     pub matmul_kernel: Option<crate::MatMulKernel>,
+    /// Cap the storage buffers one kernel may bind (WebGPU guarantees 8):
+    /// fused element-wise kernels are cut to fit. For tests and for
+    /// reproducing a smaller device's behaviour.
+    pub max_storage_buffers_per_shader_stage: Option<u32>,
+    /// The most ops of a fused element-wise group one generated kernel
+    /// computes (default `kernels::fused::MAX_OPS`); longer groups run as
+    /// several kernels. Compile time grows with a kernel's length.
+    pub max_fused_ops: Option<usize>,
 }
 
 impl Default for WgpuOptions {
@@ -40,6 +48,8 @@ impl Default for WgpuOptions {
             max_buffer_size: None,
             max_matmul_scratch_bytes: None,
             matmul_kernel: None,
+            max_storage_buffers_per_shader_stage: None,
+            max_fused_ops: None,
         }
     }
 }
@@ -156,6 +166,9 @@ impl Context {
         }
         if let Some(cap) = options.max_buffer_size {
             limits.max_buffer_size = limits.max_buffer_size.min(cap);
+        }
+        if let Some(cap) = options.max_storage_buffers_per_shader_stage {
+            limits.max_storage_buffers_per_shader_stage = limits.max_storage_buffers_per_shader_stage.min(cap);
         }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {

@@ -37,6 +37,8 @@ pub mod shaders;
 use std::cell::RefCell;
 use std::rc::Rc;
 
+#[cfg(not(target_arch = "wasm32"))]
+use kiln_core::backend::FusedCall;
 use kiln_core::backend::{checks, Backend, BackendCounters, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
 use kiln_core::op::Op;
 use kiln_core::{DType, Error, HostData, Result};
@@ -97,6 +99,11 @@ pub struct WgpuBackend {
     matmul_scratch_bytes: u64,
     /// The matmul kernel chosen per shape class.
     matmul_tuner: kernels::matmul_tune::Tuner,
+    /// Generated kernels of fused element-wise groups and their plans.
+    #[cfg(not(target_arch = "wasm32"))]
+    fused: RefCell<kernels::fused::FusedCache>,
+    #[cfg(not(target_arch = "wasm32"))]
+    max_fused_ops: usize,
 }
 
 impl WgpuBackend {
@@ -117,6 +124,10 @@ impl WgpuBackend {
             pending: Rc::default(),
             matmul_scratch_bytes: options.max_matmul_scratch_bytes.unwrap_or(kernels::matmul::SCRATCH_BYTES),
             matmul_tuner: kernels::matmul_tune::Tuner::new(options.matmul_kernel),
+            #[cfg(not(target_arch = "wasm32"))]
+            fused: RefCell::default(),
+            #[cfg(not(target_arch = "wasm32"))]
+            max_fused_ops: options.max_fused_ops.unwrap_or(kernels::fused::MAX_OPS),
         })
     }
 
@@ -149,6 +160,23 @@ impl WgpuBackend {
         self.pipelines.borrow_mut().get(&self.ctx, op, kernel, entry)
     }
 
+    /// A pipeline of generated WGSL (fused kernels), compiled now.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn compile(&self, op: &'static str, label: &str, source: &str) -> Result<Rc<pipelines::Pipeline>> {
+        self.pipelines.borrow_mut().compile(&self.ctx, op, label, source)
+    }
+
+    /// Count a request for a generated pipeline that its cache answered.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn count_pipeline_hit(&self) {
+        self.pipelines.borrow_mut().hits += 1;
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn max_fused_ops(&self) -> usize {
+        self.max_fused_ops
+    }
+
     pub(crate) fn matmul_scratch_bytes(&self) -> u64 {
         self.matmul_scratch_bytes.max(4)
     }
@@ -176,6 +204,39 @@ impl WgpuBackend {
         if groups.contains(&0) {
             return Ok(());
         }
+        let pipeline = self.pipeline(op, kernel, entry)?;
+        self.record(op, kernel, entry, pipeline, args, params, groups)
+    }
+
+    /// Record one dispatch of the entry point `main` of a pipeline made
+    /// outside the cache of `launch` (a fused kernel).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn launch_pipeline(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        pipeline: Rc<pipelines::Pipeline>,
+        args: &[(u32, Arg)],
+        params: &[u32],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        self.record(op, kernel, "main", pipeline, args, params, groups)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        entry: &'static str,
+        pipeline: Rc<pipelines::Pipeline>,
+        args: &[(u32, Arg)],
+        params: &[u32],
+        groups: [u32; 3],
+    ) -> Result<()> {
         let limit = self.ctx.limits.max_storage_buffer_binding_size;
         let mut bindings = Vec::with_capacity(args.len());
         {
@@ -222,7 +283,6 @@ impl WgpuBackend {
                 bindings.push((*binding, res));
             }
         }
-        let pipeline = self.pipeline(op, kernel, entry)?;
         let mut batch = self.batch.borrow_mut();
         let params = batch.push_params(&self.ctx, params);
         batch.push(Command::Dispatch(Dispatch { pipeline, op, kernel, entry, bindings, params, groups }));
@@ -363,6 +423,17 @@ impl Backend for WgpuBackend {
         kernels::run(self, call)
     }
 
+    /// Natively, element-wise groups run as generated kernels (the browser
+    /// build leaves them out for its size budget).
+    fn fuses(&self) -> bool {
+        cfg!(not(target_arch = "wasm32"))
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn run_fused(&self, call: &FusedCall<'_>) -> Result<()> {
+        kernels::fused::run(self, call)
+    }
+
     fn update_param(
         &self,
         update: &ParamUpdate,
@@ -401,6 +472,7 @@ impl Backend for WgpuBackend {
             pipelines_compiled: pipelines.compiled,
             pipeline_cache_hits: pipelines.hits,
             kernel_trials: self.matmul_tuner.trials(),
+            dispatches: self.batch.borrow().dispatches,
         }
     }
 }

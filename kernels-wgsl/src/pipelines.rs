@@ -114,6 +114,32 @@ impl Pipelines {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
+impl Pipelines {
+    /// A pipeline of the entry point `main` of generated WGSL (a fused
+    /// kernel; its caller caches it). wgpu parses and validates the source
+    /// with naga before creating the pipeline.
+    pub fn compile(&mut self, ctx: &Context, op: &'static str, label: &str, source: &str) -> Result<Rc<Pipeline>> {
+        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        ctx.errors.check(op)?;
+        let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let layout = pipeline.get_bind_group_layout(0);
+        ctx.errors.check(op)?;
+        self.compiled += 1;
+        Ok(Rc::new(Pipeline { pipeline, layout }))
+    }
+}
+
 #[cfg(target_arch = "wasm32")]
 impl Pipelines {
     /// The compilations a `read` must await, and the error scopes of the

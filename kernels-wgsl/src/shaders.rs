@@ -140,6 +140,11 @@ pub enum Kernel {
     Rowwise,
     /// A custom op's own kernel (validated when the op was registered).
     Custom(CustomOp),
+    /// A generated kernel of `ops` fused element-wise ops (kernels/fused.rs
+    /// makes and caches its pipeline; this names it in the profile).
+    Fused {
+        ops: u32,
+    },
 }
 
 impl Kernel {
@@ -228,6 +233,7 @@ impl Kernel {
             Kernel::Random => RANDOM.to_string(),
             Kernel::Rowwise => ROWWISE.to_string(),
             Kernel::Custom(_) => unreachable!("handled above"),
+            Kernel::Fused { .. } => return None,
         };
         Some(format!("{COMMON}\n{body}"))
     }
@@ -322,8 +328,19 @@ pub fn binary_expr(op: BinaryOp, t: Ty) -> Option<String> {
 
 /// The WGSL (a u32 0 or 1) of a comparison of `a` and `b` of type `t`.
 pub fn compare_expr(op: CompareOp, t: Ty) -> String {
+    compare_expr_of(op, t, &["a", "b"])
+}
+
+/// `compare_expr` of the operands named `args`.
+pub fn compare_expr_of(op: CompareOp, t: Ty, args: &[&str]) -> String {
     let e = Op::Compare(op).info().elementwise.expect("comparisons are element-wise").expr;
-    format!("select(0u, 1u, {})", wgsl_cond(&e, t, &["a", "b"]))
+    format!("select(0u, 1u, {})", wgsl_cond(&e, t, args))
+}
+
+/// The WGSL of a unary or binary op of the operands named `args`, as its
+/// own kernel computes it (None: no kernel for the type).
+pub fn op_expr(op: Op, t: Ty, args: &[&str]) -> Option<String> {
+    table_expr(op, t, args)
 }
 
 /// An expression of the op table (`op::Expr`) as WGSL of type `t`: each

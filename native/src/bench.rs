@@ -65,6 +65,9 @@ pub struct StepCounters {
     pub pipelines_compiled_per_step: f64,
     pub pipeline_cache_hits_per_step: f64,
     pub kernel_trials_per_step: f64,
+    /// Kernels the backend recorded per step (wgpu dispatches, each
+    /// generated kernel of a fused group counted; 0 on the CPU).
+    pub dispatches_per_step: f64,
     /// Host heap allocations and bytes per step (graph nodes, call records,
     /// kernel scratch); None without the counting allocator.
     pub host_allocations_per_step: Option<f64>,
@@ -82,7 +85,7 @@ impl StepCounters {
             "kernels_per_step={:.1} concurrent_kernels_per_step={:.1} fused_groups_per_step={:.1} \
              fused_nodes_per_step={:.1} plans_reused_per_step={:.1} plans_built_per_step={:.1} \
              device_bytes_allocated_per_step={:.0} peak_device_mib={:.2} pipelines_compiled_per_step={:.1} \
-             pipeline_cache_hits_per_step={:.1} kernel_trials_per_step={:.1} {host}",
+             pipeline_cache_hits_per_step={:.1} kernel_trials_per_step={:.1} dispatches_per_step={:.1} {host}",
             self.kernels_per_step,
             self.concurrent_kernels_per_step,
             self.fused_groups_per_step,
@@ -94,6 +97,7 @@ impl StepCounters {
             self.pipelines_compiled_per_step,
             self.pipeline_cache_hits_per_step,
             self.kernel_trials_per_step,
+            self.dispatches_per_step,
         )
     }
 }
@@ -134,16 +138,28 @@ pub fn step_counters(
         pipelines_compiled_per_step: per(backend.pipelines_compiled, backend2.pipelines_compiled),
         pipeline_cache_hits_per_step: per(backend.pipeline_cache_hits, backend2.pipeline_cache_hits),
         kernel_trials_per_step: per(backend.kernel_trials, backend2.kernel_trials),
+        dispatches_per_step: per(backend.dispatches, backend2.dispatches),
         peak_device_bytes: pool2.peak_live_bytes,
         host_allocations_per_step: host_per(|c| c.0),
         host_bytes_per_step: host_per(|c| c.1),
     })
 }
 
+thread_local! {
+    /// The first warm-up step's time of the workload being measured (its
+    /// pipeline compilations, matmul trials and planning included), for
+    /// `summarize`'s notes.
+    static FIRST_STEP_MS: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
+}
+
 /// Time `step` after `warmup` untimed runs; returns per-run milliseconds.
 fn time_runs(warmup: usize, counted: usize, mut step: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
-    for _ in 0..warmup {
+    for i in 0..warmup {
+        let start = Instant::now();
         step()?;
+        if i == 0 {
+            FIRST_STEP_MS.with(|f| f.set(Some(start.elapsed().as_secs_f64() * 1e3)));
+        }
     }
     let mut times = Vec::with_capacity(counted);
     for _ in 0..counted {
@@ -167,7 +183,10 @@ fn median(times: &[f64]) -> f64 {
     }
 }
 
-fn summarize(workload: &'static str, backend: &str, mut times: Vec<f64>, notes: String) -> BenchResult {
+fn summarize(workload: &'static str, backend: &str, mut times: Vec<f64>, mut notes: String) -> BenchResult {
+    if let Some(first) = FIRST_STEP_MS.with(|f| f.take()) {
+        notes.push_str(&format!(" first_step_ms={first:.1}"));
+    }
     let median = median(&times);
     times.sort_by(|a, b| a.total_cmp(b));
     BenchResult {

@@ -130,6 +130,10 @@ pub struct BackendCounters {
     /// Timed kernel trials (wgpu: matmul kernels raced at the first product
     /// of each shape class).
     pub kernel_trials: usize,
+    /// Kernels recorded for the device (wgpu: dispatches, a fused group's
+    /// generated kernels included; the CPU counts none here, see the
+    /// executor's kernel counts).
+    pub dispatches: usize,
 }
 
 pub trait Backend {

@@ -5,6 +5,8 @@
 
 pub(crate) mod custom;
 pub(crate) mod elementwise;
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) mod fused;
 pub(crate) mod index;
 pub(crate) mod matmul;
 pub(crate) mod matmul_tune;

@@ -1,0 +1,227 @@
+//! Element-wise fusion on wgpu (lavapipe on CI; `CI=1` requires a Vulkan
+//! adapter): the executor's groups run as generated WGSL kernels. Random
+//! chains of unary, binary, comparison and where nodes with broadcast
+//! operands, scalar constants, values read midway and gradients give the
+//! same bits as the unfused wgpu kernels and agree with the CPU; groups cut
+//! into several kernels (few bindings, few ops per kernel) give the same
+//! bits again; the dispatch count drops; and a repeated step, or the same
+//! structure at another shape or with other constants, compiles nothing.
+//! Small shapes: the driver is slow and each new structure compiles.
+
+mod common;
+
+use kiln::{Blocking, Device, Graph, Tensor, WgpuOptions};
+
+/// A small deterministic generator (tests must not depend on a crate's
+/// random stream).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next() % 2_000_000) as f32 / 1_000_000.0 - 1.0
+    }
+}
+
+/// Everything a random chain computes: read values, the loss, gradients.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    reads: Vec<Vec<f32>>,
+    loss: f32,
+    grads: Vec<Vec<f32>>,
+}
+
+impl Outcome {
+    fn bits(&self) -> (Vec<Vec<u32>>, u32, Vec<Vec<u32>>) {
+        let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        (self.reads.iter().map(|r| b(r)).collect(), self.loss.to_bits(), self.grads.iter().map(|g| b(g)).collect())
+    }
+
+    /// Within `tol` (relative to max(1, |expected|)) of another outcome.
+    fn assert_close(&self, expected: &Outcome, tol: f32, what: &str) {
+        let close = |a: &[f32], e: &[f32]| {
+            a.len() == e.len() && a.iter().zip(e).all(|(x, y)| (x - y).abs() <= tol * y.abs().max(1.0))
+        };
+        assert_eq!(self.reads.len(), expected.reads.len());
+        for (a, e) in self.reads.iter().zip(&expected.reads) {
+            assert!(close(a, e), "{what}: read {a:?} vs {e:?}");
+        }
+        assert!(close(&[self.loss], &[expected.loss]), "{what}: loss {} vs {}", self.loss, expected.loss);
+        for (a, e) in self.grads.iter().zip(&expected.grads) {
+            assert!(close(a, e), "{what}: gradient {a:?} vs {e:?}");
+        }
+    }
+}
+
+/// One random chain of `len` element-wise nodes over variables of shapes
+/// that broadcast to `dims` (the full dims, the last axis, a scalar, and a
+/// column for two axes), read every few nodes, then differentiated.
+fn random_chain(device: &Device, seed: u64, dims: &[usize], len: usize) -> Outcome {
+    let graph = Graph::new(device);
+    let mut rng = Lcg(seed);
+    let mut shapes: Vec<Vec<usize>> = vec![dims.to_vec(), vec![dims[dims.len() - 1]], vec![]];
+    if dims.len() == 2 {
+        shapes.push(vec![dims[0], 1]);
+    }
+    let vars: Vec<Tensor<'_>> = shapes
+        .iter()
+        .map(|s| {
+            let n: usize = s.iter().product();
+            let data: Vec<f32> = (0..n).map(|_| rng.uniform() * 2.0).collect();
+            graph.variable(&data, s).unwrap()
+        })
+        .collect();
+    let mut pool: Vec<Tensor<'_>> = vars.clone();
+    let mut reads = Vec::new();
+    let mut last = vars[0];
+    for step in 0..len {
+        let a = pool[pool.len() - 1 - rng.below(pool.len().min(6))];
+        let b = pool[pool.len() - 1 - rng.below(pool.len().min(6))];
+        let c = rng.uniform();
+        let t = match rng.below(16) {
+            0 => a.tanh(),
+            1 => a.exp().unwrap().mul(0.25),
+            2 => a.sigmoid(),
+            3 => a.neg(),
+            4 => a.abs().unwrap().add(0.5).unwrap().log(),
+            5 => a.sin(),
+            6 => a.relu(),
+            7 => a.erf(),
+            8 => a.add(b),
+            9 => a.sub(b),
+            10 => a.mul(b),
+            11 => a.div(b.abs().unwrap().add(1.0).unwrap()),
+            12 => a.maximum(b),
+            13 => a.minimum(c),
+            14 => a.gt(b).unwrap().where_(a, b.mul(c).unwrap()),
+            _ => a.mul(c).unwrap().add(c * 0.5),
+        }
+        .unwrap();
+        let t = t.tanh().unwrap();
+        pool.push(t);
+        last = t;
+        if step % 7 == 3 {
+            reads.push(t.to_vec_blocking::<f32>().unwrap());
+        }
+    }
+    let full = vars.iter().fold(last, |acc, &v| acc.add(v).unwrap());
+    let loss = full.mul(full).unwrap().sum_all().unwrap();
+    loss.backward().unwrap();
+    let grads = vars.iter().map(|v| v.grad().unwrap().to_vec_blocking::<f32>().unwrap()).collect();
+    let loss = loss.item_blocking().unwrap() as f32;
+    Outcome { reads, loss, grads }
+}
+
+fn with_fusion(device: Device, fusion: bool) -> Device {
+    device.set_fusion(fusion);
+    device
+}
+
+const CASES: [(u64, &[usize]); 5] = [(1, &[3, 5]), (2, &[17]), (3, &[4, 33]), (4, &[2, 3]), (5, &[300])];
+
+#[test]
+fn fused_chains_match_unfused_wgpu_and_the_cpu() {
+    let Some(fused) = common::vulkan_device("wgpu fusion") else { return };
+    let unfused = with_fusion(common::vulkan_device("wgpu fusion").unwrap(), false);
+    let cpu = Device::cpu();
+    for (seed, dims) in CASES {
+        let on = random_chain(&fused, seed, dims, 24);
+        let off = random_chain(&unfused, seed, dims, 24);
+        let reference = random_chain(&cpu, seed, dims, 24);
+        assert_eq!(on.bits(), off.bits(), "seed {seed}, dims {dims:?}: fused vs unfused wgpu");
+        on.assert_close(&reference, 1e-4, &format!("seed {seed}, dims {dims:?}: wgpu vs cpu"));
+    }
+    let stats = fused.exec_stats();
+    assert!(stats.fused_groups >= CASES.len(), "{stats:?}");
+    assert_eq!(unfused.exec_stats().fused_groups, 0);
+}
+
+/// Groups cut into many kernels: WebGPU's guaranteed 8 storage buffers per
+/// kernel lowered to 5, and at most 3 ops per kernel; values crossing the
+/// cuts go through scratch buffers. Same bits as one kernel per group.
+#[test]
+fn groups_cut_into_several_kernels_give_the_same_bits() {
+    let Some(whole) = common::vulkan_device("wgpu fusion") else { return };
+    let cut = common::vulkan_device_with(
+        WgpuOptions { max_storage_buffers_per_shader_stage: Some(5), max_fused_ops: Some(3), ..Default::default() },
+        "wgpu fusion",
+    )
+    .unwrap();
+    for (seed, dims) in CASES.iter().take(3) {
+        let a = random_chain(&whole, *seed, dims, 24);
+        let b = random_chain(&cut, *seed, dims, 24);
+        assert_eq!(a.bits(), b.bits(), "seed {seed}, dims {dims:?}");
+    }
+    let (w, c) = (whole.backend().counters().dispatches, cut.backend().counters().dispatches);
+    assert!(c > w, "cut groups run more kernels: {c} vs {w}");
+}
+
+/// Integer groups with comparisons, where and broadcasting, and a bool
+/// condition read from outside the group.
+#[test]
+fn integer_groups_are_exact() {
+    let Some(fused) = common::vulkan_device("wgpu fusion") else { return };
+    let run = |device: &Device| {
+        let graph = Graph::new(device);
+        let a = graph.tensor_from(&(0..40).map(|i| i * 7 - 100).collect::<Vec<i32>>(), &[4, 10]).unwrap();
+        let b = graph.tensor_from(&(0..10).map(|i| i - 5).collect::<Vec<i32>>(), &[10]).unwrap();
+        let c = graph.tensor_from(&[1i32, 0, 3, 0], &[4, 1]).unwrap().gt(0).unwrap();
+        let m = a.mul(b).unwrap().add(3).unwrap().neg().unwrap();
+        let r = m.lt(b).unwrap().where_(m, a.abs().unwrap()).unwrap().maximum(b).unwrap();
+        let r = c.where_(r, r.sub(7).unwrap()).unwrap().mul(2).unwrap();
+        r.to_vec_blocking::<i32>().unwrap()
+    };
+    let cpu = Device::cpu();
+    assert_eq!(run(&fused), run(&cpu));
+    assert!(fused.exec_stats().fused_groups >= 1);
+}
+
+/// W3's chain (shortened): tanh(y * 1.0001 + 0.001), forward and backward.
+fn chain(device: &Device, x0: &[f32], dims: &[usize], scale: f32, links: usize) -> (Vec<f32>, Vec<f32>) {
+    let graph = Graph::new(device);
+    let x = graph.variable(x0, dims).unwrap();
+    let mut y = x;
+    for _ in 0..links {
+        y = y.mul(scale).unwrap().add(0.001).unwrap().tanh().unwrap();
+    }
+    y.sum_all().unwrap().backward().unwrap();
+    (y.to_vec_blocking::<f32>().unwrap(), x.grad().unwrap().to_vec_blocking::<f32>().unwrap())
+}
+
+#[test]
+fn fusion_cuts_dispatches_and_reuses_pipelines_by_structure() {
+    let Some(fused) = common::vulkan_device("wgpu fusion") else { return };
+    let unfused = with_fusion(common::vulkan_device("wgpu fusion").unwrap(), false);
+    let x0: Vec<f32> = (0..16).map(|i| i as f32 / 8.0 - 1.0).collect();
+    let dispatches = |d: &Device| d.backend().counters().dispatches;
+    let compiled = |d: &Device| d.backend().counters().pipelines_compiled;
+    let off = chain(&unfused, &x0, &[16], 1.0001, 100);
+    let off_dispatches = dispatches(&unfused);
+    let on = chain(&fused, &x0, &[16], 1.0001, 100);
+    let on_dispatches = dispatches(&fused);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&on.0), bits(&off.0));
+    assert_eq!(bits(&on.1), bits(&off.1));
+    // 100 links: 500 forward and ~600 backward kernels unfused.
+    assert!(off_dispatches >= 1000, "{off_dispatches}");
+    assert!(on_dispatches * 20 < off_dispatches, "fused {on_dispatches} vs unfused {off_dispatches}");
+    // The same step again, the same structure at another shape, and other
+    // constants: no compilation.
+    let before = compiled(&fused);
+    chain(&fused, &x0, &[16], 1.0001, 100);
+    let x1: Vec<f32> = (0..60).map(|i| i as f32 / 30.0 - 1.0).collect();
+    let other_shape = chain(&fused, &x1, &[6, 10], 1.0001, 100);
+    let other_constant = chain(&fused, &x0, &[16], 0.5, 100);
+    assert_eq!(compiled(&fused), before, "a repeated structure compiled again");
+    let reference = chain(&Device::cpu(), &x1, &[6, 10], 1.0001, 100);
+    let near = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-4 * y.abs().max(1.0));
+    assert!(near(&other_shape.0, &reference.0) && near(&other_shape.1, &reference.1));
+    let half = chain(&Device::cpu(), &x0, &[16], 0.5, 100);
+    assert!(near(&other_constant.0, &half.0) && near(&other_constant.1, &half.1));
+}
