@@ -3,6 +3,8 @@
 //! `cargo run --release -p kiln-wgsl --example elementwise_kernels`.
 //! Each case chains 8 launches of one kernel in one execution and reads the
 //! result back; best of 5 after a warm-up. A measurement tool, not a test.
+//! Every case runs with fusion off (8 dispatches) and on (the element-wise
+//! chains become generated kernels, see kernels/fused.rs).
 
 use std::time::Instant;
 
@@ -50,11 +52,22 @@ fn case(
 fn main() -> Result<()> {
     let options = WgpuOptions { backends: kiln_wgsl::wgpu::Backends::VULKAN, ..WgpuOptions::default() };
     let device = Device::from_backend(pollster::block_on(WgpuBackend::new(options))?);
+    for fusion in [false, true] {
+        device.set_fusion(fusion);
+        println!("fusion {}:", if fusion { "on" } else { "off" });
+        cases(&device)?;
+    }
+    Ok(())
+}
+
+fn cases(device: &Device) -> Result<()> {
+    let device = device.clone();
     let act = [12, 64, 128];
     case(&device, "exp (unary)", &act, &[1], &|v, _| v.exp())?;
     case(&device, "add, same shape", &act, &act, &|v, y| v.add(y))?;
     case(&device, "add, bias [128]", &act, &[128], &|v, y| v.add(y))?;
     case(&device, "mul, row statistic [12, 64, 1]", &act, &[12, 64, 1], &|v, y| v.mul(y))?;
+    case(&device, "relu backward (greater, where)", &act, &act, &|v, y| v.gt(0.0)?.where_(y, v))?;
     case(&device, "permute [12,64,4,32] -> [12,4,64,32]", &[12, 64, 4, 32], &[1], &|v, _| {
         v.permute(&[0, 2, 1, 3])?.reshape(&[12, 64, 4, 32])
     })?;

@@ -87,7 +87,15 @@ pub(crate) struct Plan {
 pub(crate) struct FusedCache {
     pipelines: HashMap<String, Rc<Pipeline>>,
     plans: HashMap<u64, Rc<Plan>>,
+    /// Scratch buffers of earlier calls (dtype, elements), reused so that a
+    /// repeated step allocates none. Reuse across calls is safe: dispatches
+    /// run in recording order and wgpu orders those sharing a written buffer.
+    spare: Vec<(DType, usize, BufferId)>,
 }
+
+/// Scratch kept for reuse at most: buffers, and their bytes.
+const SPARE_KEPT: usize = 64;
+const SPARE_BYTES: usize = 64 << 20;
 
 fn bad(message: impl Into<String>) -> Error {
     Error::backend(OP, message)
@@ -133,7 +141,17 @@ pub(crate) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
     let mut scratch: Vec<(usize, BufferId)> = Vec::with_capacity(plan.scratch.len());
     let result = (|| {
         for &k in &plan.scratch {
-            scratch.push((k, be.scratch(call.ops[k].dtype, n)?));
+            let dtype = call.ops[k].dtype;
+            let spare = {
+                let mut cache = be.fused.borrow_mut();
+                let at = cache.spare.iter().position(|&(d, len, _)| d == dtype && len == n);
+                at.map(|i| cache.spare.swap_remove(i).2)
+            };
+            let buffer = match spare {
+                Some(b) => b,
+                None => be.scratch(dtype, n)?,
+            };
+            scratch.push((k, buffer));
         }
         let buffer_of = |k: usize| -> Result<TensorRef<'_>> {
             if let Some(t) = output_of(k) {
@@ -172,8 +190,14 @@ pub(crate) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
         }
         Ok(())
     })();
-    for (_, buffer) in scratch {
-        be.free_scratch(buffer);
+    let mut cache = be.fused.borrow_mut();
+    for (k, buffer) in scratch {
+        let held: usize = cache.spare.iter().map(|&(_, len, _)| len * 4).sum();
+        if cache.spare.len() < SPARE_KEPT && held + n * 4 <= SPARE_BYTES {
+            cache.spare.push((call.ops[k].dtype, n, buffer));
+        } else {
+            be.free_scratch(buffer);
+        }
     }
     result
 }
