@@ -365,6 +365,14 @@ impl Drop for WgpuBackend {
     fn drop(&mut self) {
         if let Some(profile) = &self.batch.borrow().profile {
             eprint!("{}", profile.report());
+            let p = self.pipelines.borrow();
+            eprintln!(
+                "pipelines created: {} in {:.3} s, of which generated fused kernels {} in {:.3} s",
+                p.compiled,
+                p.compile_time.as_secs_f64(),
+                p.fused.0,
+                p.fused.1.as_secs_f64()
+            );
         }
     }
 }

@@ -34,6 +34,12 @@ pub(crate) struct Pipelines {
     /// Pipelines created, and requests the cache answered.
     pub compiled: usize,
     pub hits: usize,
+    /// Time spent creating pipelines (all, and the generated fused ones,
+    /// also counted apart), for the profile's table.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub compile_time: std::time::Duration,
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fused: (usize, std::time::Duration),
     /// Custom kernels the browser refused, with the error to repeat.
     #[cfg(target_arch = "wasm32")]
     refused: HashMap<Kernel, Rc<RefCell<Option<Error>>>>,
@@ -64,6 +70,8 @@ impl Pipelines {
             self.hits += 1;
             return Ok(p.clone());
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        let started = std::time::Instant::now();
         #[cfg(target_arch = "wasm32")]
         let scope = match kernel {
             Kernel::Custom(_) => Some(ctx.device.push_error_scope(wgpu::ErrorFilter::Validation)),
@@ -110,6 +118,10 @@ impl Pipelines {
         let p = Rc::new(Pipeline { pipeline, layout });
         self.pipelines.insert((kernel, entry), p.clone());
         self.compiled += 1;
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.compile_time += started.elapsed();
+        }
         Ok(p)
     }
 }
@@ -120,6 +132,7 @@ impl Pipelines {
     /// kernel; its caller caches it). wgpu parses and validates the source
     /// with naga before creating the pipeline.
     pub fn compile(&mut self, ctx: &Context, op: &'static str, label: &str, source: &str) -> Result<Rc<Pipeline>> {
+        let started = std::time::Instant::now();
         let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -136,6 +149,10 @@ impl Pipelines {
         let layout = pipeline.get_bind_group_layout(0);
         ctx.errors.check(op)?;
         self.compiled += 1;
+        let took = started.elapsed();
+        self.compile_time += took;
+        self.fused.0 += 1;
+        self.fused.1 += took;
         Ok(Rc::new(Pipeline { pipeline, layout }))
     }
 }
