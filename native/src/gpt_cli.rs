@@ -208,11 +208,11 @@ pub fn train(args: GptArgs, world: WorldRef<'_>, parallel: &DistributedArgs) -> 
         gpt::estimate_loss_with(replicas.as_mut(), &device, &model, &data.train, args.batch, train_batches, 11)?;
     let (val, val_over) = if final_batches == 0 {
         let (loss, windows) = gpt::split_loss_with(replicas.as_mut(), &device, &model, &data.val, args.batch)?;
-        (loss, format!("whole validation split, {windows} windows of {context}"))
+        (loss, format!("validation: the whole split, {windows} windows of {context}"))
     } else {
         let loss =
             gpt::estimate_loss_with(replicas.as_mut(), &device, &model, &data.val, args.batch, final_batches, 7)?;
-        (loss, format!("mean over {final_batches} random batches"))
+        (loss, format!("validation: {final_batches} random batches"))
     };
     if !root {
         return Ok(());
@@ -230,7 +230,7 @@ pub fn train(args: GptArgs, world: WorldRef<'_>, parallel: &DistributedArgs) -> 
         if size > 1 { format!(" on each of {size} processes") } else { String::new() }
     );
     println!(
-        "after {} steps: train loss {train_loss:.4} ({train_batches} random batches), validation loss {val:.4} nats/char ({val_over})",
+        "after {} steps: train loss {train_loss:.4}, validation loss {val:.4} nats/char ({val_over}; train: {train_batches} random batches)",
         args.steps
     );
     Ok(())

@@ -255,13 +255,13 @@ def main():
     tl = estimate_loss(model, train, args.batch, args.context, train_batches, 11)
     if args.final_eval_batches == 0:
         vl, windows = split_loss(model, val, args.batch, args.context)
-        over = f"whole validation split, {windows} windows of {args.context}"
+        over = f"validation: the whole split, {windows} windows of {args.context}"
     else:
         vl = estimate_loss(model, val, args.batch, args.context, args.final_eval_batches, 7)
-        over = f"mean over {args.final_eval_batches} random batches"
+        over = f"validation: {args.final_eval_batches} random batches"
     print(
-        f"after {args.steps} steps: train loss {tl:.4f} ({train_batches} random batches), "
-        f"validation loss {vl:.4f} nats/char ({over})"
+        f"after {args.steps} steps: train loss {tl:.4f}, "
+        f"validation loss {vl:.4f} nats/char ({over}; train: {train_batches} random batches)"
     )
 
 
