@@ -186,7 +186,14 @@ pub fn train(args: GptArgs, world: WorldRef<'_>, parallel: &DistributedArgs) -> 
                 7,
             )?;
             val_losses.push((done as f64, val));
-            bar.println(format!("step {done:>5}: train loss {loss:.4}, validation loss {val:.4}"));
+            let line = format!("step {done:>5}: train loss {loss:.4}, validation loss {val:.4}");
+            // A hidden bar (output not a terminal: a log file, a pipe)
+            // drops its println, so rank 0 prints the line itself then.
+            if root && bar.is_hidden() {
+                println!("{line}");
+            } else {
+                bar.println(line);
+            }
         }
         if root && args.checkpoint_every > 0 && done % args.checkpoint_every == 0 {
             save(&model, &data.vocab, done, &adam, &scheduler, &args.checkpoint)?;

@@ -196,6 +196,8 @@ def main():
                     help="final validation over N random batches instead of the whole split (0); training loss over N (200 if 0)")
     ap.add_argument("--bias", action="store_true", help="biases in the blocks' linear layers and layer norms")
     ap.add_argument("--evaluate", metavar="CKPT", help="only evaluate this kiln checkpoint")
+    ap.add_argument("--init-from", metavar="CKPT",
+                    help="start from this kiln checkpoint's parameters (e.g. kiln's initial ones: kiln train --steps 0)")
     ap.add_argument("--time-only", action="store_true", help="train --steps steps, print ms/step, no evaluation")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -207,12 +209,13 @@ def main():
     ids = torch.tensor([index[c] for c in text], dtype=torch.long)
     split = len(ids) * 9 // 10
     train, val = ids[:split], ids[split:]
-    if args.evaluate:
-        state = kiln_state_dict(args.evaluate)
+    if args.evaluate or args.init_from:
+        state = kiln_state_dict(args.evaluate or args.init_from)
         args.bias = any(k.endswith("bias") for k in state)
     model = Gpt(len(chars), args.context, args.layers, args.heads, args.width, args.bias)
-    if args.evaluate:
+    if args.evaluate or args.init_from:
         model.load_state_dict(state, strict=True)
+    if args.evaluate:
         vl, windows = split_loss(model, val, args.batch, args.context)
         sampled = estimate_loss(model, val, args.batch, args.context, 200, 7)
         print(f"{args.evaluate}: validation loss {vl:.4f} (whole split, {windows} windows), "
