@@ -192,19 +192,17 @@ fn window_argmax<T: Float>(g: &Geometry, plane: &[T], oy: usize, ox: usize) -> O
     if top >= g.ph && left >= g.pw && top - g.ph + (g.kh - 1) * g.dh < g.h && left - g.pw + (g.kw - 1) * g.dw < g.w {
         let origin = (top - g.ph) * g.w + (left - g.pw);
         let (mut best_at, mut best) = (origin, plane[origin]);
-        // Without branches on the data (random activations made the
-        // compare-and-branch mispredict about every other window): a value
-        // replaces the best when greater, or when it is the first NaN; once
-        // the best is NaN nothing replaces it. So the first maximum wins and
-        // the first NaN wins, as in the loop below.
         for i in 0..g.kh {
             let row = origin + i * g.dh * g.w;
             for j in 0..g.kw {
                 let at = row + j * g.dw;
                 let v = plane[at];
-                let take = (v > best) | (v.is_nan() & !best.is_nan());
-                best_at = if take { at } else { best_at };
-                best = if take { v } else { best };
+                if v.is_nan() {
+                    return Some(at);
+                }
+                if v > best {
+                    (best_at, best) = (at, v);
+                }
             }
         }
         return Some(best_at);
@@ -307,7 +305,7 @@ mod tests {
 
     /// Im2Col, Col2Im and max pooling (and its adjoint) against direct
     /// definitions over many geometries, the stride-1 copies and the
-    /// branch-free window maximum included (NaNs and ties too). Small
+    /// interior-window maximum included (NaNs and ties too). Small
     /// integers keep every sum exact.
     #[test]
     fn window_kernels_match_their_definitions() {
