@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Builds the npm package into web/pkg/ and (with --pack) its tarball into
 // web/dist/:
-//   pkg/web/   wasm-pack --target web: the one .wasm and its ES-module glue
+//   pkg/web/   cargo + wasm-bindgen --target web: the one .wasm and its ES-module glue
 //   pkg/index.js, index.d.ts             browser entry: init() + the API
 //   pkg/node.mjs                         Node entry: the same glue, the same
 //                                        .wasm read from disk (initSync), init() a no-op
@@ -24,6 +24,8 @@ const web = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = process.env.KILN_WEB_PKG ? path.resolve(process.env.KILN_WEB_PKG) : path.join(web, 'pkg');
 const args = new Set(process.argv.slice(2));
 const features = process.env.KILN_WEB_FEATURES || '';
+// The nightly the wasm is built with (test-web.sh installs it with rust-src).
+const NIGHTLY = 'nightly-2026-05-19';
 
 function run(cmd, argv, opts = {}) {
   console.log(`$ ${cmd} ${argv.join(' ')}`);
@@ -32,17 +34,37 @@ function run(cmd, argv, opts = {}) {
 
 fs.rmSync(pkg, { recursive: true, force: true });
 {
-  const argv = ['build', '--target', 'web', '--out-dir', path.join(pkg, 'web'), '--out-name', 'kiln_web',
-    '--profile', 'wasm-release', '--weak-refs', '--no-pack', '--no-opt', '--no-gitignore', '--mode', 'no-install'];
-  if (features) argv.push('--', '--features', features);
+  // The wasm is built with a pinned nightly toolchain, for one reason: its
+  // standard library rebuilt with the `immediate-abort` panic strategy
+  // (-Zbuild-std, rust-src): panics become a bare wasm trap, so none of std's
+  // panic printing, location formatting or unwinding glue is linked (about
+  // -27 KB gzipped, web/README.md, Size). kiln returns errors and never
+  // panics on bad input: errors reach JS as KilnError exceptions as before;
+  // only a kiln bug would now trap without a message. Everything else in the
+  // workspace builds with the stable toolchain. KILN_WEB_NIGHTLY=0 builds
+  // with the default toolchain and std's usual panics (for comparisons).
+  const nightly = process.env.KILN_WEB_NIGHTLY !== '0';
+  const argv = ['build', '--lib', '--target', 'wasm32-unknown-unknown', '--profile', 'wasm-release'];
+  if (features) argv.push('--features', features);
+  if (nightly) argv.push('-Zbuild-std=std,panic_abort');
   // WASM SIMD (128-bit): every browser the package targets has it
   // (Chromium 91+, Firefox 89+, Safari 16.4+, Node 16+); gemm's wasm
   // micro-kernels and rustc's auto-vectorised loops use it. KILN_WEB_SIMD=0
   // builds without (for comparisons).
   const simd = process.env.KILN_WEB_SIMD !== '0';
   const env = { ...process.env };
-  if (simd) env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS = `${env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS ?? ''} -C target-feature=+simd128`.trim();
-  run('wasm-pack', argv, { env });
+  const rustflags = [env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS ?? ''];
+  if (simd) rustflags.push('-C target-feature=+simd128');
+  if (nightly) {
+    env.RUSTUP_TOOLCHAIN = NIGHTLY;
+    rustflags.push('-Zunstable-options -C panic=immediate-abort');
+  }
+  env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS = rustflags.join(' ').trim();
+  run('cargo', argv, { env });
+  // The ES-module glue and the .d.ts (wasm-bindgen CLI, the crate's exact
+  // version: test-web.sh installs it).
+  run('wasm-bindgen', ['--target', 'web', '--out-dir', path.join(pkg, 'web'), '--out-name', 'kiln_web', '--weak-refs',
+    path.join(web, '..', 'target', 'wasm32-unknown-unknown', 'wasm-release', 'kiln_web.wasm')]);
   const wasm = path.join(pkg, 'web', 'kiln_web_bg.wasm');
   const before = fs.statSync(wasm).size;
   // The features rustc's wasm32 target enables by default; wasm-opt must be

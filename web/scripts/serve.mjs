@@ -48,7 +48,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const port = Number(flag('port') ?? 8080);
   const data = { mnist: flag('mnist') && path.resolve(flag('mnist')), shakespeare: flag('shakespeare') && path.resolve(flag('shakespeare')) };
   if (!fs.existsSync(path.join(root, 'pkg', 'index.js'))) {
-    console.error('web/pkg/ is missing: run `npm run build` first (needs wasm-pack and cargo).');
+    console.error('web/pkg/ is missing: run `npm run build` first (needs cargo, the wasm-bindgen CLI and the nightly toolchain: see README.md).');
     process.exit(1);
   }
   const server = await serve(port, data);

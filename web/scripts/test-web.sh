@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# kiln-web's tests: builds the npm package (wasm-pack, release profile
-# `wasm-release`), then runs the browser tests (headless Debian Chromium via
+# kiln-web's tests: builds the npm package (cargo + wasm-bindgen, release
+# profile `wasm-release`), then runs the browser tests (headless Debian Chromium via
 # playwright-core), the Node tests, the tarball install test and the
 # browser/native parity test with node's test runner.
 # Installs what it needs first, skipping whatever is present:
 #   Debian chromium + chromium-driver, the wasm32 target, wasm-bindgen-cli
-#   (the exact version of the wasm-bindgen crate), wasm-pack, npm packages.
+#   (the exact version of the wasm-bindgen crate), the pinned nightly
+#   toolchain with rust-src (for the wasm's std), npm packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WASM_BINDGEN_VERSION=0.2.130   # must equal the `wasm-bindgen = "=…"` pin in web/Cargo.toml
@@ -19,8 +20,12 @@ fi
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN_VERSION" ]; then
   cargo install wasm-bindgen-cli --version "=$WASM_BINDGEN_VERSION"
 fi
-if ! command -v wasm-pack >/dev/null; then
-  cargo install wasm-pack --locked
+# The wasm is built with a pinned nightly and its rust-src (std rebuilt with
+# panic=immediate-abort, scripts/build.mjs); the rest of kiln uses stable.
+NIGHTLY=$(sed -n "s/^const NIGHTLY = '\(.*\)';.*/\1/p" scripts/build.mjs)
+if ! rustup run "$NIGHTLY" rustc --version >/dev/null 2>&1 \
+   || ! rustup component list --installed --toolchain "$NIGHTLY" 2>/dev/null | grep -q '^rust-src'; then
+  rustup toolchain install "$NIGHTLY" --profile minimal --component rust-src
 fi
 if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/binaryen ]; then
   npm ci --no-audit --no-fund

@@ -72,8 +72,9 @@ pub fn wasm_memory_bytes() -> f64 {
 }
 
 /// Runs when the module loads: turns on gemm's SIMD kernels (simd128
-/// builds) and has a Rust panic (a kiln bug, never bad input) printed to
-/// the console before the wasm trap.
+/// builds) and, in builds with std's usual panics (`KILN_WEB_NIGHTLY=0`),
+/// has a Rust panic (a kiln bug, never bad input) printed to the console
+/// before the wasm trap.
 #[cfg(target_arch = "wasm32")]
 #[wasm_bindgen(start)]
 pub fn start() {
@@ -81,6 +82,9 @@ pub fn start() {
     // with simd128 (scripts/build.mjs) loads only where SIMD exists anyway.
     #[cfg(target_feature = "simd128")]
     gemm::set_wasm_simd128(true);
+    // Built with panic=immediate-abort (scripts/build.mjs) a panic traps at
+    // once and no hook runs: none is linked.
+    #[cfg(not(panic = "immediate-abort"))]
     std::panic::set_hook(Box::new(|info| {
         web_sys::console::error_1(&format!("kiln-web panicked (this is a bug in kiln): {info}").into());
     }));
