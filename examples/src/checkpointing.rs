@@ -28,7 +28,7 @@ impl Setup {
     /// dropout 0.1 (so the replayed dropout masks are checked too), batch 4.
     pub fn example() -> Setup {
         Setup {
-            config: GptConfig { vocab: 65, context: 256, layers: 4, heads: 4, width: 128, dropout: 0.1 },
+            config: GptConfig { vocab: 65, context: 256, layers: 4, heads: 4, width: 128, dropout: 0.1, bias: true },
             batch: 4,
             steps: 3,
             perturb: false,

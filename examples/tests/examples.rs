@@ -11,7 +11,7 @@ use kiln_examples::custom_op::{check_quantiser, check_round_parity, check_swish}
 /// example itself runs context 256.
 fn small() -> Setup {
     Setup {
-        config: GptConfig { vocab: 17, context: 32, layers: 2, heads: 2, width: 16, dropout: 0.1 },
+        config: GptConfig { vocab: 17, context: 32, layers: 2, heads: 2, width: 16, dropout: 0.1, bias: true },
         batch: 2,
         steps: 2,
         perturb: false,

@@ -443,7 +443,15 @@ pub fn ckpt_gpt(
     let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
     let mut results = Vec::new();
     for &l in layers {
-        let config = crate::gpt::GptConfig { vocab: 65, context: 256, layers: l, heads: 4, width: 128, dropout: 0.1 };
+        let config = crate::gpt::GptConfig {
+            vocab: 65,
+            context: 256,
+            layers: l,
+            heads: 4,
+            width: 128,
+            dropout: 0.1,
+            bias: true,
+        };
         let off = gpt_checkpoint_run(device, config, batch, false, warmup, counted)?;
         let on = gpt_checkpoint_run(device, config, batch, true, warmup, counted)?;
         let identical = off.loss_bits == on.loss_bits;

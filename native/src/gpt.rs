@@ -27,6 +27,10 @@ pub struct GptConfig {
     pub heads: usize,
     pub width: usize,
     pub dropout: f64,
+    /// Biases in the blocks' linear layers and in every layer norm. nanoGPT
+    /// trains without them (its `bias = False`, "a bit better and faster");
+    /// the output layer, tied to the token embedding, never has one.
+    pub bias: bool,
 }
 
 impl GptConfig {
@@ -43,6 +47,7 @@ impl GptConfig {
             m.insert(k.to_string(), v.to_string());
         }
         m.insert("gpt.dropout".to_string(), self.dropout.to_string());
+        m.insert("gpt.bias".to_string(), self.bias.to_string());
         m
     }
 
@@ -65,6 +70,8 @@ impl GptConfig {
             heads: get("gpt.heads")?,
             width: get("gpt.width")?,
             dropout: m.get("gpt.dropout").and_then(|v| v.parse().ok()).unwrap_or(0.0),
+            // Checkpoints from before the option had biases.
+            bias: m.get("gpt.bias").map_or(true, |v| v == "true"),
         })
     }
 }
@@ -87,7 +94,7 @@ pub struct Gpt {
 impl Gpt {
     /// nanoGPT's initialisation: every weight matrix and embedding
     /// N(0, 0.02), the residual output projections N(0, 0.02/√(2·layers)),
-    /// biases 0, layer norms 1/0.
+    /// biases (if `config.bias`) 0, layer norms 1/0.
     #[track_caller]
     pub fn new(device: &Device, config: GptConfig, seed: u64) -> Result<Gpt> {
         let c = config;
@@ -111,10 +118,22 @@ impl Gpt {
             b.linear1.bias = Some(init::zeros(device, "bias", &[4 * w])?);
             b.linear2.weight = init::normal(device, "weight", &[w, 4 * w], 0.0, proj_std, next())?;
             b.linear2.bias = Some(init::zeros(device, "bias", &[w])?);
+            if !c.bias {
+                b.self_attn.in_proj_bias = None;
+                b.self_attn.out_proj.bias = None;
+                b.linear1.bias = None;
+                b.linear2.bias = None;
+                b.norm1 = LayerNorm::new(device, &[w], 1e-5)?.without_bias();
+                b.norm2 = LayerNorm::new(device, &[w], 1e-5)?.without_bias();
+            }
             blocks.push(b);
         }
         let head = Linear::tied(tok_emb.weight.clone(), None)?;
-        Ok(Gpt { tok_emb, pos_emb, blocks, ln_f: LayerNorm::new(device, &[c.width], 1e-5)?, head, config })
+        let mut ln_f = LayerNorm::new(device, &[c.width], 1e-5)?;
+        if !c.bias {
+            ln_f = ln_f.without_bias();
+        }
+        Ok(Gpt { tok_emb, pos_emb, blocks, ln_f, head, config })
     }
 
     pub fn config(&self) -> GptConfig {
@@ -337,12 +356,23 @@ impl Default for GptTrainConfig {
     }
 }
 
-/// AdamW with decay on matrices only, betas (0.9, 0.99), and its schedule.
+/// AdamW with decay on matrices and embeddings only, betas (0.9, 0.99),
+/// and nanoGPT's schedule: step i < warmup has lr·(i+1)/(warmup+1), then a
+/// cosine from lr at step `warmup` to `min_lr` at step `steps`.
 #[track_caller]
 pub fn optimizer_for(model: &Gpt, config: &GptTrainConfig) -> Result<(Adam, LrScheduler)> {
     let groups = ParamGroup::decay_split(model.parameters(), config.weight_decay);
     let mut adam = Adam::with_groups(groups, config.lr, (0.9, 0.99), 1e-8, 0.0, true)?;
-    let schedule = Schedule::warmup_cosine(config.warmup, config.steps, config.min_lr / config.lr);
+    let min_factor = config.min_lr / config.lr;
+    let cosine = Schedule::Cosine { steps: config.steps.saturating_sub(config.warmup), min_factor };
+    let schedule = if config.warmup == 0 {
+        cosine
+    } else {
+        // Linear from 1/(warmup+1): PyTorch's LinearLR with that start gives
+        // (i+1)/(warmup+1) at step i, nanoGPT's warm-up.
+        let start_factor = 1.0 / (config.warmup + 1) as f64;
+        Schedule::LinearWarmup { steps: config.warmup, start_factor }.then(config.warmup, cosine)
+    };
     let scheduler = LrScheduler::new(&mut adam, schedule)?;
     Ok((adam, scheduler))
 }
@@ -460,6 +490,68 @@ pub fn estimate_loss_with(
     let mut sum = [total];
     replicas.sum(&mut sum)?;
     Ok(sum[0] / batches.max(1) as f64)
+}
+
+/// Mean loss over all of `ids` (evaluation mode, no gradient structure):
+/// consecutive, non-overlapping windows of `context` tokens (targets one
+/// further on), `batch` windows at a time, every window counted once. This
+/// is the exact figure that `estimate_loss` samples at random; returns it
+/// and the number of windows.
+#[track_caller]
+pub fn split_loss(device: &Device, model: &Gpt, ids: &[i32], batch: usize) -> Result<(f64, usize)> {
+    split_loss_with(&mut SingleProcess, device, model, ids, batch)
+}
+
+/// `split_loss` shared among processes: each evaluates every `size`-th
+/// batch from its rank on, and the sums are added up. Collective.
+#[track_caller]
+pub fn split_loss_with(
+    replicas: &mut dyn Replicas,
+    device: &Device,
+    model: &Gpt,
+    ids: &[i32],
+    batch: usize,
+) -> Result<(f64, usize)> {
+    let context = model.config().context;
+    let windows = ids.len().saturating_sub(1) / context;
+    if windows == 0 || batch == 0 {
+        return Err(Error::invalid(
+            "split_loss",
+            format!("{} tokens hold no window of {context} (batch {batch})", ids.len()),
+        ));
+    }
+    let (rank, size) = (replicas.rank(), replicas.size());
+    let mut graph = Graph::new(device);
+    model.set_training(false);
+    let mut total = 0.0;
+    let mut result = Ok(());
+    for (i, first) in (0..windows).step_by(batch).enumerate() {
+        if i % size != rank {
+            continue;
+        }
+        let rows = batch.min(windows - first);
+        let (start, end) = (first * context, (first + rows) * context);
+        graph.reset();
+        let _no_grad = graph.no_grad();
+        let step = (|| {
+            let x = graph.tensor_from(&ids[start..end], &[rows, context])?;
+            let y = graph.tensor_from(&ids[start + 1..end + 1], &[rows, context])?;
+            lm_loss(model, x, y)?.item_blocking()
+        })();
+        match step {
+            // Each batch's mean, weighted by its windows (all of one length).
+            Ok(l) => total += l * rows as f64,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    model.set_training(true);
+    result?;
+    let mut sum = [total];
+    replicas.sum(&mut sum)?;
+    Ok((sum[0] / windows as f64, windows))
 }
 
 /// Generate `tokens` characters after `prompt` with the key/value cache:

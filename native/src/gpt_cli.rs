@@ -186,7 +186,14 @@ pub fn train(args: GptArgs, world: WorldRef<'_>, parallel: &DistributedArgs) -> 
                 7,
             )?;
             val_losses.push((done as f64, val));
-            bar.println(format!("step {done:>5}: train loss {loss:.4}, validation loss {val:.4}"));
+            let line = format!("step {done:>5}: train loss {loss:.4}, validation loss {val:.4}");
+            // A hidden bar (output not a terminal: a log file, a pipe)
+            // drops its println, so rank 0 prints the line itself then.
+            if root && bar.is_hidden() {
+                println!("{line}");
+            } else {
+                bar.println(line);
+            }
         }
         if root && args.checkpoint_every > 0 && done % args.checkpoint_every == 0 {
             save(&model, &data.vocab, done, &adam, &scheduler, &args.checkpoint)?;
@@ -199,10 +206,21 @@ pub fn train(args: GptArgs, world: WorldRef<'_>, parallel: &DistributedArgs) -> 
         save(&model, &data.vocab, args.steps, &adam, &scheduler, &args.checkpoint)?;
         println!("saved {} (+ {})", args.checkpoint.display(), optimizer_path(&args.checkpoint).display());
     }
+    // The validation loss over the whole validation split (exact), unless
+    // asked for a quicker estimate from random batches; the training loss
+    // from random batches (the training split is 9 times larger).
     let final_batches = args.final_eval_batches;
+    let train_batches = if final_batches == 0 { 200 } else { final_batches };
     let train_loss =
-        gpt::estimate_loss_with(replicas.as_mut(), &device, &model, &data.train, args.batch, final_batches, 11)?;
-    let val = gpt::estimate_loss_with(replicas.as_mut(), &device, &model, &data.val, args.batch, final_batches, 7)?;
+        gpt::estimate_loss_with(replicas.as_mut(), &device, &model, &data.train, args.batch, train_batches, 11)?;
+    let (val, val_over) = if final_batches == 0 {
+        let (loss, windows) = gpt::split_loss_with(replicas.as_mut(), &device, &model, &data.val, args.batch)?;
+        (loss, format!("validation: the whole split, {windows} windows of {context}"))
+    } else {
+        let loss =
+            gpt::estimate_loss_with(replicas.as_mut(), &device, &model, &data.val, args.batch, final_batches, 7)?;
+        (loss, format!("validation: {final_batches} random batches"))
+    };
     if !root {
         return Ok(());
     }
@@ -219,8 +237,8 @@ pub fn train(args: GptArgs, world: WorldRef<'_>, parallel: &DistributedArgs) -> 
         if size > 1 { format!(" on each of {size} processes") } else { String::new() }
     );
     println!(
-        "after {} steps: train loss {train_loss:.4}, validation loss {val:.4} nats/char (mean over {} batches)",
-        args.steps, final_batches
+        "after {} steps: train loss {train_loss:.4}, validation loss {val:.4} nats/char ({val_over}; train: {train_batches} random batches)",
+        args.steps
     );
     Ok(())
 }

@@ -134,11 +134,18 @@ struct TrainArgs {
     /// GPT: evaluate the validation loss every N steps.
     #[arg(long, default_value_t = 250)]
     eval_interval: u64,
-    /// GPT: batches per evaluation during training, and at the end.
+    /// GPT: random batches per evaluation during training.
     #[arg(long, default_value_t = 20)]
     eval_batches: usize,
-    #[arg(long, default_value_t = 200)]
+    /// GPT: the final validation loss over N random batches instead of the
+    /// whole validation split (0); the final training loss over N random
+    /// batches (200 when 0).
+    #[arg(long, default_value_t = 0)]
     final_eval_batches: usize,
+    /// GPT: biases in the blocks' linear layers and layer norms (nanoGPT's
+    /// recipe, the default, has none).
+    #[arg(long)]
+    bias: bool,
     /// Write a resumable snapshot (model, optimizer, position) into this
     /// directory after every epoch (and every --checkpoint-every steps).
     #[arg(long)]
@@ -265,6 +272,7 @@ fn train_gpt(args: TrainArgs, world: WorldRef<'_>) -> Result<()> {
                 heads: args.heads,
                 width: args.width,
                 dropout: args.dropout,
+                bias: args.bias,
             },
             plot,
             checkpoint: args.checkpoint,

@@ -457,7 +457,7 @@ fn gpt_matches_one_process_and_resumes() {
     let (data, plot) = (data.display().to_string(), dir.join("plot.png").display().to_string());
     let checkpoint = |name: &str| dir.join(format!("{name}.safetensors"));
     // A tiny model; the learning rate is high for the warm-up's first steps
-    // (lr·(s+1)/100) so that 6 steps move the parameters by far more than
+    // (lr·(s+1)/101) so that 6 steps move the parameters by far more than
     // the tolerance. The global batch of 8 splits 4+4 on 2, 3+3+2 on 3.
     let args = |steps: &str, name: &str| -> Vec<String> {
         let out = checkpoint(name).display().to_string();

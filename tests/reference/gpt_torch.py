@@ -1,13 +1,14 @@
 """The char-level GPT of `kiln train --model gpt`, in PyTorch, on the same data.
 
 A reference for issue 11's acceptance figure: the same model (token and
-position embeddings, pre-norm causal blocks with biases and exact GELU, a
-final layer norm, an output layer tied to the token embedding), the same
-initialisation distributions, AdamW with the same groups and schedule, the
-same global gradient clipping, and — through a Python copy of kiln's
-SplitMix64 — the very same training batches and validation windows as
-kiln's native/src/gpt.rs and gpt_cli.rs. Only the initial weights differ
-(torch's generator, same distributions).
+position embeddings, pre-norm causal blocks with exact GELU, a final layer
+norm, an output layer tied to the token embedding; no biases in the blocks
+and norms unless --bias, as nanoGPT's train.py), the same initialisation
+distributions, AdamW with the same groups and schedule (nanoGPT's warm-up
+and cosine), the same global gradient clipping, and — through a Python copy
+of kiln's SplitMix64 — the very same training batches and validation
+windows as kiln's native/src/gpt.rs and gpt_cli.rs. Only the initial
+weights differ (torch's generator, same distributions).
 
     python gpt_torch.py --data ../shared/data/shakespeare/shakespeare_plays.txt.gz \
         --steps 2000 --seed 1337 --threads 2
@@ -15,6 +16,10 @@ kiln's native/src/gpt.rs and gpt_cli.rs. Only the initial weights differ
 Timing only (no evaluation), e.g. interleaved with kiln runs:
 
     python gpt_torch.py --data FILE --steps 100 --time-only
+
+Evaluate a checkpoint written by `kiln train --model gpt` (no training):
+
+    python gpt_torch.py --data FILE --evaluate kiln-gpt.safetensors
 """
 
 import argparse
@@ -70,19 +75,20 @@ def random_batch(ids, batch, context, rng):
 class Block(nn.Module):
     """Pre-norm causal block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
-    def __init__(self, width, heads, layers):
+    def __init__(self, width, heads, layers, bias):
         super().__init__()
         self.heads = heads
-        self.norm1 = nn.LayerNorm(width)
-        self.in_proj = nn.Linear(width, 3 * width)
-        self.out_proj = nn.Linear(width, width)
-        self.norm2 = nn.LayerNorm(width)
-        self.linear1 = nn.Linear(width, 4 * width)
-        self.linear2 = nn.Linear(4 * width, width)
+        self.norm1 = nn.LayerNorm(width, bias=bias)
+        self.in_proj = nn.Linear(width, 3 * width, bias=bias)
+        self.out_proj = nn.Linear(width, width, bias=bias)
+        self.norm2 = nn.LayerNorm(width, bias=bias)
+        self.linear1 = nn.Linear(width, 4 * width, bias=bias)
+        self.linear2 = nn.Linear(4 * width, width, bias=bias)
         proj_std = 0.02 / math.sqrt(2 * layers)
         for lin, std in [(self.in_proj, 0.02), (self.out_proj, proj_std), (self.linear1, 0.02), (self.linear2, proj_std)]:
             nn.init.normal_(lin.weight, 0.0, std)
-            nn.init.zeros_(lin.bias)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
 
     def forward(self, x):
         b, t, c = x.shape
@@ -94,14 +100,14 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, vocab, context, layers, heads, width):
+    def __init__(self, vocab, context, layers, heads, width, bias=False):
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, width)
         self.pos_emb = nn.Embedding(context, width)
         nn.init.normal_(self.tok_emb.weight, 0.0, 0.02)
         nn.init.normal_(self.pos_emb.weight, 0.0, 0.02)
-        self.blocks = nn.ModuleList([Block(width, heads, layers) for _ in range(layers)])
-        self.ln_f = nn.LayerNorm(width)
+        self.blocks = nn.ModuleList([Block(width, heads, layers, bias) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(width, bias=bias)
 
     def forward(self, idx):
         t = idx.shape[1]
@@ -118,10 +124,10 @@ def lm_loss(model, x, y):
 
 
 def lr_factor(step, warmup, total, min_factor):
-    """kiln's Schedule::warmup_cosine: linear from 1/warmup, then cosine."""
+    """kiln's gpt::optimizer_for (nanoGPT's get_lr): (step+1)/(warmup+1)
+    during the warm-up, then a cosine from 1 to min_factor."""
     if step < warmup:
-        start = 1.0 / warmup
-        return start + (1.0 - start) * step / warmup
+        return (step + 1) / (warmup + 1)
     s, n = step - warmup, total - warmup
     if s >= n:
         return min_factor
@@ -142,6 +148,36 @@ def estimate_loss(model, ids, batch, context, batches, seed):
     return total / batches
 
 
+@torch.no_grad()
+def split_loss(model, ids, batch, context):
+    """kiln's gpt::split_loss: the mean loss over every non-overlapping
+    window of the split, `batch` windows at a time."""
+    model.eval()
+    windows = (len(ids) - 1) // context
+    total = 0.0
+    for first in range(0, windows, batch):
+        rows = range(first, min(windows, first + batch))
+        x = torch.stack([ids[w * context : (w + 1) * context] for w in rows])
+        y = torch.stack([ids[w * context + 1 : (w + 1) * context + 1] for w in rows])
+        total += lm_loss(model, x, y).item() * len(rows)
+    model.train()
+    return total / windows, windows
+
+
+def kiln_state_dict(path):
+    """A `kiln train --model gpt` checkpoint as this module's state dict."""
+    from safetensors.torch import load_file
+
+    renames = [("self_attn.in_proj_weight", "in_proj.weight"), ("self_attn.in_proj_bias", "in_proj.bias"),
+               ("self_attn.out_proj.", "out_proj.")]
+    state = {}
+    for key, value in load_file(path).items():
+        for old, new in renames:
+            key = key.replace(old, new)
+        state[key] = value
+    return state
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
@@ -156,7 +192,12 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--eval-interval", type=int, default=250)
     ap.add_argument("--eval-batches", type=int, default=20)
-    ap.add_argument("--final-eval-batches", type=int, default=200)
+    ap.add_argument("--final-eval-batches", type=int, default=0,
+                    help="final validation over N random batches instead of the whole split (0); training loss over N (200 if 0)")
+    ap.add_argument("--bias", action="store_true", help="biases in the blocks' linear layers and layer norms")
+    ap.add_argument("--evaluate", metavar="CKPT", help="only evaluate this kiln checkpoint")
+    ap.add_argument("--init-from", metavar="CKPT",
+                    help="start from this kiln checkpoint's parameters (e.g. kiln's initial ones: kiln train --steps 0)")
     ap.add_argument("--time-only", action="store_true", help="train --steps steps, print ms/step, no evaluation")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -168,7 +209,18 @@ def main():
     ids = torch.tensor([index[c] for c in text], dtype=torch.long)
     split = len(ids) * 9 // 10
     train, val = ids[:split], ids[split:]
-    model = Gpt(len(chars), args.context, args.layers, args.heads, args.width)
+    if args.evaluate or args.init_from:
+        state = kiln_state_dict(args.evaluate or args.init_from)
+        args.bias = any(k.endswith("bias") for k in state)
+    model = Gpt(len(chars), args.context, args.layers, args.heads, args.width, args.bias)
+    if args.evaluate or args.init_from:
+        model.load_state_dict(state, strict=True)
+    if args.evaluate:
+        vl, windows = split_loss(model, val, args.batch, args.context)
+        sampled = estimate_loss(model, val, args.batch, args.context, 200, 7)
+        print(f"{args.evaluate}: validation loss {vl:.4f} (whole split, {windows} windows), "
+              f"{sampled:.4f} (200 random batches)")
+        return
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -180,7 +232,7 @@ def main():
     warmup, min_factor = 100, 0.1
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads: {args.layers} layers, {args.heads} heads, "
-        f"width {args.width}, context {args.context}, {sum(p.numel() for p in model.parameters())} parameters; "
+        f"width {args.width}, context {args.context}, bias {args.bias}, {sum(p.numel() for p in model.parameters())} parameters; "
         f"{len(text)} chars, vocabulary {len(chars)}, batch {args.batch}, {args.steps} steps",
         flush=True,
     )
@@ -202,11 +254,17 @@ def main():
     print(f"{args.steps} steps in {seconds:.1f} s ({seconds * 1e3 / args.steps:.1f} ms/step, {args.threads} threads)")
     if args.time_only:
         return
-    tl = estimate_loss(model, train, args.batch, args.context, args.final_eval_batches, 11)
-    vl = estimate_loss(model, val, args.batch, args.context, args.final_eval_batches, 7)
+    train_batches = args.final_eval_batches or 200
+    tl = estimate_loss(model, train, args.batch, args.context, train_batches, 11)
+    if args.final_eval_batches == 0:
+        vl, windows = split_loss(model, val, args.batch, args.context)
+        over = f"validation: the whole split, {windows} windows of {args.context}"
+    else:
+        vl = estimate_loss(model, val, args.batch, args.context, args.final_eval_batches, 7)
+        over = f"validation: {args.final_eval_batches} random batches"
     print(
-        f"after {args.steps} steps: train loss {tl:.4f}, validation loss {vl:.4f} nats/char "
-        f"(mean over {args.final_eval_batches} batches)"
+        f"after {args.steps} steps: train loss {tl:.4f}, "
+        f"validation loss {vl:.4f} nats/char ({over}; train: {train_batches} random batches)"
     )
 
 

@@ -318,7 +318,7 @@ fn a_tied_parameter_is_saved_once_and_loads_back_tied() {
 fn the_gpts_tied_head_round_trips() {
     use kiln::gpt::{Gpt, GptConfig};
     let device = Device::cpu();
-    let config = GptConfig { vocab: 7, context: 4, layers: 1, heads: 1, width: 4, dropout: 0.0 };
+    let config = GptConfig { vocab: 7, context: 4, layers: 1, heads: 1, width: 4, dropout: 0.0, bias: false };
     let model = Gpt::new(&device, config, 1).unwrap();
     let bytes = pollster::block_on(checkpoint::save_state(&model)).unwrap();
     let names = safetensors::SafeTensors::deserialize(&bytes).unwrap().names().len();
@@ -344,7 +344,7 @@ fn a_pytorch_style_gpt_file_with_both_tied_keys_loads() {
     use kiln::gpt::{Gpt, GptConfig};
     use safetensors::tensor::TensorView;
     let device = Device::cpu();
-    let config = GptConfig { vocab: 7, context: 4, layers: 1, heads: 1, width: 4, dropout: 0.0 };
+    let config = GptConfig { vocab: 7, context: 4, layers: 1, heads: 1, width: 4, dropout: 0.0, bias: true };
     let model = Gpt::new(&device, config, 1).unwrap();
     let entries = model.state_dict_entries();
     let table = entries.iter().find(|(k, _)| k == "tok_emb.weight").map(|(_, p)| p.clone()).unwrap();

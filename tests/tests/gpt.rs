@@ -35,7 +35,8 @@ fn losses(device: &Device, config: GptConfig, batch: usize, steps: u64, data: &T
 fn a_small_gpt_learns_resumes_and_samples() {
     let device = Device::cpu();
     let data = TextData::new(&text(), 16).unwrap();
-    let config = GptConfig { vocab: data.vocab.len(), context: 16, layers: 2, heads: 2, width: 32, dropout: 0.0 };
+    let config =
+        GptConfig { vocab: data.vocab.len(), context: 16, layers: 2, heads: 2, width: 32, dropout: 0.0, bias: false };
     let l = losses(&device, config, 8, 60, &data);
     assert!(l[59] < 0.85 * l[0], "the loss falls: {} -> {}", l[0], l[59]);
     let model = Gpt::new(&device, config, 1).unwrap();
@@ -55,11 +56,81 @@ fn a_small_gpt_learns_resumes_and_samples() {
     assert_eq!(e.location().file(), file!(), "{e}");
 }
 
+/// The default recipe is nanoGPT's: no biases in the blocks and norms
+/// (`bias: true` restores them), the choice kept in checkpoint metadata,
+/// and the warm-up lr·(i+1)/(warmup+1) before the cosine.
+#[test]
+fn the_default_recipe_is_nanogpts() {
+    let device = Device::cpu();
+    let base = GptConfig { vocab: 9, context: 8, layers: 2, heads: 2, width: 8, dropout: 0.0, bias: false };
+    let names = |c: GptConfig| -> Vec<String> {
+        Gpt::new(&device, c, 1).unwrap().named_parameters().into_iter().map(|(n, _)| n).collect()
+    };
+    let plain = names(base);
+    assert!(!plain.iter().any(|n| n.contains("bias")), "{plain:?}");
+    assert!(plain.contains(&"blocks.1.norm2.weight".to_string()) && plain.contains(&"ln_f.weight".to_string()));
+    let biased = names(GptConfig { bias: true, ..base });
+    for key in
+        ["blocks.0.self_attn.in_proj_bias", "blocks.0.self_attn.out_proj.bias", "blocks.1.linear2.bias", "ln_f.bias"]
+    {
+        assert!(biased.contains(&key.to_string()), "{key} in {biased:?}");
+    }
+    assert_eq!(GptConfig::from_metadata(&base.to_metadata()).unwrap(), base);
+    let mut old = GptConfig { bias: true, ..base }.to_metadata();
+    old.remove("gpt.bias");
+    assert!(GptConfig::from_metadata(&old).unwrap().bias, "checkpoints from before the option had biases");
+
+    let model = Gpt::new(&device, base, 1).unwrap();
+    let train = GptTrainConfig { steps: 20, warmup: 4, lr: 1e-3, min_lr: 1e-4, ..GptTrainConfig::default() };
+    let (mut adam, mut sched) = gpt::optimizer_for(&model, &train).unwrap();
+    let mut lrs = Vec::new();
+    for _ in 0..21 {
+        lrs.push(adam.learning_rate());
+        sched.step(&mut adam);
+    }
+    for (i, lr) in lrs.iter().enumerate().take(4) {
+        assert!((lr - 1e-3 * (i + 1) as f64 / 5.0).abs() < 1e-12, "warm-up step {i}: {lr}");
+    }
+    assert!((lrs[4] - 1e-3).abs() < 1e-12 && (lrs[20] - 1e-4).abs() < 1e-12, "{lrs:?}");
+    let mid = 1e-4 + 0.9e-3 * 0.5 * (1.0 + (std::f64::consts::PI * 6.0 / 16.0).cos());
+    assert!((lrs[10] - mid).abs() < 1e-12, "cosine at step 10: {} vs {mid}", lrs[10]);
+}
+
+/// The whole-split loss counts every window once, whatever the batch: the
+/// mean of the per-window losses.
+#[test]
+fn the_split_loss_is_the_mean_over_every_window() {
+    let device = Device::cpu();
+    let data = TextData::new(&text(), 16).unwrap();
+    let config =
+        GptConfig { vocab: data.vocab.len(), context: 16, layers: 1, heads: 2, width: 16, dropout: 0.0, bias: false };
+    let model = Gpt::new(&device, config, 6).unwrap();
+    let ids = &data.val;
+    let windows = (ids.len() - 1) / 16;
+    assert!(windows >= 5, "{windows} windows");
+    let mut per_window = 0.0;
+    for w in 0..windows {
+        let graph = Graph::new(&device);
+        let _no_grad = graph.no_grad();
+        let x = graph.tensor_from(&ids[w * 16..(w + 1) * 16], &[1, 16]).unwrap();
+        let y = graph.tensor_from(&ids[w * 16 + 1..(w + 1) * 16 + 1], &[1, 16]).unwrap();
+        per_window += gpt::lm_loss(&model, x, y).unwrap().item_blocking().unwrap();
+    }
+    let expected = per_window / windows as f64;
+    for batch in [1, 3, windows, windows + 4] {
+        let (loss, n) = gpt::split_loss(&device, &model, ids, batch).unwrap();
+        assert_eq!(n, windows);
+        assert!((loss - expected).abs() < 1e-5, "batch {batch}: {loss} vs {expected}");
+    }
+    assert!(gpt::split_loss(&device, &model, &ids[..16], 4).is_err(), "16 tokens hold no window of 16 plus a target");
+}
+
 #[test]
 fn the_kv_cache_decoder_matches_the_full_forward() {
     let device = Device::cpu();
     let data = TextData::new(&text(), 16).unwrap();
-    let config = GptConfig { vocab: data.vocab.len(), context: 16, layers: 2, heads: 2, width: 16, dropout: 0.0 };
+    let config =
+        GptConfig { vocab: data.vocab.len(), context: 16, layers: 2, heads: 2, width: 16, dropout: 0.0, bias: false };
     let model = Gpt::new(&device, config, 4).unwrap();
     let ids = data.vocab.encode("ROMEO: But").unwrap();
     let graph = Graph::new(&device);
@@ -93,7 +164,11 @@ fn wgpu_matches_cpu(config: GptConfig, batch: usize, corpus_copies: usize) {
 /// A small GPT (2 layers, width 32, context 16): quick enough for every CI run.
 #[test]
 fn a_small_gpt_trains_the_same_on_wgpu_as_on_the_cpu() {
-    wgpu_matches_cpu(GptConfig { vocab: 0, context: 16, layers: 2, heads: 2, width: 32, dropout: 0.0 }, 4, 2);
+    wgpu_matches_cpu(
+        GptConfig { vocab: 0, context: 16, layers: 2, heads: 2, width: 32, dropout: 0.0, bias: false },
+        4,
+        2,
+    );
 }
 
 /// Issue 11's acceptance configuration (4 layers, 4 heads, width 128,
@@ -106,5 +181,9 @@ fn a_small_gpt_trains_the_same_on_wgpu_as_on_the_cpu() {
 #[test]
 #[ignore]
 fn the_acceptance_gpt_trains_the_same_on_wgpu_as_on_the_cpu() {
-    wgpu_matches_cpu(GptConfig { vocab: 0, context: 64, layers: 4, heads: 4, width: 128, dropout: 0.0 }, 12, 60);
+    wgpu_matches_cpu(
+        GptConfig { vocab: 0, context: 64, layers: 4, heads: 4, width: 128, dropout: 0.0, bias: false },
+        12,
+        60,
+    );
 }

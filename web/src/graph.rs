@@ -181,10 +181,16 @@ impl Graph {
     }
 
     /// Run `f` on the live graph and register the tensor it returns.
-    pub(crate) fn make(
-        &self,
-        f: impl for<'g> FnOnce(&'g CoreGraph) -> kiln_core::Result<CoreTensor<'g>>,
-    ) -> Res<Tensor> {
+    // The generic wrappers here and in `Tensor` (`map`, `map2`, ...) only
+    // take a reference to the closure: their bodies exist once, not once per
+    // JS method (−N KB of the wasm, web/README.md, Size).
+    #[inline(always)]
+    pub(crate) fn make(&self, f: impl for<'g> Fn(&'g CoreGraph) -> kiln_core::Result<CoreTensor<'g>>) -> Res<Tensor> {
+        self.make_dyn(&f)
+    }
+
+    #[inline(never)]
+    fn make_dyn(&self, f: &dyn for<'g> Fn(&'g CoreGraph) -> kiln_core::Result<CoreTensor<'g>>) -> Res<Tensor> {
         let slot = self.shared.current()?;
         let tensor = f(&slot.graph)?;
         Ok(self.shared.register(&slot, tensor))
@@ -271,19 +277,31 @@ impl Tensor {
     }
 
     /// Apply a core op to this tensor and register the result.
-    pub(crate) fn map(
-        &self,
-        f: impl for<'g> FnOnce(CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
-    ) -> Res<Tensor> {
+    #[inline(always)]
+    pub(crate) fn map(&self, f: impl for<'g> Fn(CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>) -> Res<Tensor> {
+        self.map_dyn(&f)
+    }
+
+    #[inline(never)]
+    fn map_dyn(&self, f: &dyn for<'g> Fn(CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>) -> Res<Tensor> {
         let slot = self.slot()?;
         let out = f(slot.get(self.id)?)?;
         Ok(self.graph.register(&slot, out))
     }
 
     /// Apply a core op that gives several tensors (split, chunk).
+    #[inline(always)]
     pub(crate) fn map_to_many(
         &self,
-        f: impl for<'g> FnOnce(CoreTensor<'g>) -> kiln_core::Result<Vec<CoreTensor<'g>>>,
+        f: impl for<'g> Fn(CoreTensor<'g>) -> kiln_core::Result<Vec<CoreTensor<'g>>>,
+    ) -> Res<Vec<Tensor>> {
+        self.map_to_many_dyn(&f)
+    }
+
+    #[inline(never)]
+    fn map_to_many_dyn(
+        &self,
+        f: &dyn for<'g> Fn(CoreTensor<'g>) -> kiln_core::Result<Vec<CoreTensor<'g>>>,
     ) -> Res<Vec<Tensor>> {
         let slot = self.slot()?;
         let out = f(slot.get(self.id)?)?;
@@ -291,11 +309,22 @@ impl Tensor {
     }
 
     /// Apply a core op to two tensors of the same step.
+    #[inline(always)]
     pub(crate) fn map2(
         &self,
         other: &Tensor,
         op: &'static str,
-        f: impl for<'g> FnOnce(CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
+        f: impl for<'g> Fn(CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
+    ) -> Res<Tensor> {
+        self.map2_dyn(other, op, &f)
+    }
+
+    #[inline(never)]
+    fn map2_dyn(
+        &self,
+        other: &Tensor,
+        op: &'static str,
+        f: &dyn for<'g> Fn(CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
     ) -> Res<Tensor> {
         let slot = self.slot()?;
         let a = slot.get(self.id)?;
@@ -305,12 +334,24 @@ impl Tensor {
     }
 
     /// Apply a core op to three tensors of the same step.
+    #[inline(always)]
     pub(crate) fn map3(
         &self,
         b: &Tensor,
         c: &Tensor,
         op: &'static str,
-        f: impl for<'g> FnOnce(CoreTensor<'g>, CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
+        f: impl for<'g> Fn(CoreTensor<'g>, CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
+    ) -> Res<Tensor> {
+        self.map3_dyn(b, c, op, &f)
+    }
+
+    #[inline(never)]
+    fn map3_dyn(
+        &self,
+        b: &Tensor,
+        c: &Tensor,
+        op: &'static str,
+        f: &dyn for<'g> Fn(CoreTensor<'g>, CoreTensor<'g>, CoreTensor<'g>) -> kiln_core::Result<CoreTensor<'g>>,
     ) -> Res<Tensor> {
         let slot = self.slot()?;
         let ta = slot.get(self.id)?;
@@ -321,10 +362,20 @@ impl Tensor {
     }
 
     /// Apply a core op to many tensors of one step (concat).
+    #[inline(always)]
     pub(crate) fn map_many(
         tensors: &[Tensor],
         op: &'static str,
-        f: impl for<'g> FnOnce(&[CoreTensor<'g>]) -> kiln_core::Result<CoreTensor<'g>>,
+        f: impl for<'g> Fn(&[CoreTensor<'g>]) -> kiln_core::Result<CoreTensor<'g>>,
+    ) -> Res<Tensor> {
+        Tensor::map_many_dyn(tensors, op, &f)
+    }
+
+    #[inline(never)]
+    fn map_many_dyn(
+        tensors: &[Tensor],
+        op: &'static str,
+        f: &dyn for<'g> Fn(&[CoreTensor<'g>]) -> kiln_core::Result<CoreTensor<'g>>,
     ) -> Res<Tensor> {
         let Some(first) = tensors.first() else {
             return Err(KilnError::argument(op, "needs at least one tensor"));

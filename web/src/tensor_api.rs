@@ -191,13 +191,17 @@ impl Graph {
     /// A constant from host data (native tests and the JS API share this).
     pub fn from_host(&self, data: HostData, shape: &[u32]) -> Res<Tensor> {
         let d = dims(shape);
-        self.make(|g| g.from_host(data, &d))
+        let slot = self.slot()?;
+        let t = slot.graph.from_host(data, &d)?;
+        Ok(self.shared.register(&slot, t))
     }
 
     /// A leaf that requires grad and keeps its gradient.
     pub fn variable_from(&self, data: HostData, shape: &[u32]) -> Res<Tensor> {
         let d = dims(shape);
-        self.make(|g| g.variable_from_host(data, &d))
+        let slot = self.slot()?;
+        let t = slot.graph.variable_from_host(data, &d)?;
+        Ok(self.shared.register(&slot, t))
     }
 }
 

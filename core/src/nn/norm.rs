@@ -18,10 +18,11 @@ fn filled(device: &Device, op: &'static str, name: &str, dims: &[usize], value: 
 }
 
 /// Normalise over the trailing `normalized` dimensions, then scale and shift
-/// (weight starts at 1, bias at 0).
+/// (weight starts at 1, bias at 0; `without_bias` drops the shift, as
+/// PyTorch's `LayerNorm(..., bias=False)`).
 pub struct LayerNorm {
     pub weight: Param,
-    pub bias: Param,
+    pub bias: Option<Param>,
     normalized: Vec<usize>,
     eps: f64,
 }
@@ -37,8 +38,14 @@ impl LayerNorm {
             ));
         }
         let weight = filled(device, "LayerNorm", "weight", normalized, 1.0)?;
-        let bias = filled(device, "LayerNorm", "bias", normalized, 0.0)?;
+        let bias = Some(filled(device, "LayerNorm", "bias", normalized, 0.0)?);
         Ok(LayerNorm { weight, bias, normalized: normalized.to_vec(), eps })
+    }
+
+    /// The same layer with no bias (scale only).
+    pub fn without_bias(mut self) -> LayerNorm {
+        self.bias = None;
+        self
     }
 }
 
@@ -60,10 +67,14 @@ impl Module for LayerNorm {
         // and backward would then go through both copies.
         let centered = x.sub(x.mean(&axes, true)?)?;
         let inv_std = centered.square()?.mean(&axes, true)?.add(self.eps)?.sqrt()?.recip()?;
-        centered.mul(inv_std)?.mul(graph.param(&self.weight)?)?.add(graph.param(&self.bias)?)
+        let y = centered.mul(inv_std)?.mul(graph.param(&self.weight)?)?;
+        match &self.bias {
+            Some(b) => y.add(graph.param(b)?),
+            None => Ok(y),
+        }
     }
     fn parameters(&self) -> Vec<Param> {
-        vec![self.weight.clone(), self.bias.clone()]
+        std::iter::once(self.weight.clone()).chain(self.bias.clone()).collect()
     }
 }
 

@@ -318,7 +318,11 @@ const fn window(name: &'static str, arity: u8, dtypes: DTypeSet, grad: u8, saved
 
 impl Op {
     /// The op table: every fact about this primitive. One arm per op.
-    #[inline]
+    // Inlined natively (callers that know the op fold it to a constant); in
+    // the size-first browser build one copy, called (inlined, it appeared
+    // three times: ~7 KB of wasm).
+    #[cfg_attr(not(target_arch = "wasm32"), inline)]
+    #[cfg_attr(target_arch = "wasm32", inline(never))]
     pub fn info(&self) -> OpInfo {
         use DTypeSet as D;
         use Family as F;
