@@ -150,6 +150,21 @@ impl Param {
         Ok(copy)
     }
 
+    /// The buffer an update writes the new value into, and the buffer it
+    /// reads the current value from: the same one when nothing else holds
+    /// it; otherwise (copy-on-write) a fresh buffer and the shared old one,
+    /// kept alive by the returned handle, so the update reads the old value
+    /// and writes the new one in one pass instead of copying first.
+    pub(crate) fn buffer_to_update(&self) -> Result<(BufferId, Rc<ValueBuffer>)> {
+        let old = self.value_snapshot();
+        if Rc::strong_count(&old) == 2 {
+            // Only this handle and the parameter hold it: in place.
+            return Ok((old.id, old));
+        }
+        let target = self.writable_buffer(false)?;
+        Ok((target, old))
+    }
+
     /// How many times an update had to copy this parameter's buffer because
     /// a live graph still referenced the old value (see `writable_buffer`).
     pub fn copies_on_write(&self) -> u64 {

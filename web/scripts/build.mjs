@@ -59,7 +59,10 @@ fs.rmSync(pkg, { recursive: true, force: true });
   if (simd) rustflags.push('-C target-feature=+simd128');
   if (nightly) {
     env.RUSTUP_TOOLCHAIN = NIGHTLY;
-    rustflags.push('-Zunstable-options -C panic=immediate-abort');
+    // No file/line/column in #[track_caller] locations: the bindings leave
+    // kiln's Rust locations out of the messages JS sees (src/error.rs), so
+    // their strings need not be in the wasm.
+    rustflags.push('-Zunstable-options -C panic=immediate-abort -Zlocation-detail=none');
   }
   env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS = rustflags.join(' ').trim();
   run('cargo', argv, { env });

@@ -188,6 +188,24 @@ pub trait Backend {
         dtype: DType,
         len: usize,
     ) -> Result<()>;
+    /// Update a parameter whose current value is in `source` into `param`
+    /// (a different buffer; `source` is left as it is): copy-on-write
+    /// without a separate copy pass. The same values as copying `source`
+    /// into `param` and updating in place, which is what this default does.
+    #[allow(clippy::too_many_arguments)]
+    fn update_param_from(
+        &self,
+        update: &ParamUpdate,
+        source: BufferId,
+        param: BufferId,
+        grad: BufferId,
+        state: &[BufferId],
+        dtype: DType,
+        len: usize,
+    ) -> Result<()> {
+        self.copy(source, param, dtype, len)?;
+        self.update_param(update, param, grad, state, dtype, len)
+    }
     /// End of one execution: submit whatever was recorded.
     fn flush(&self) -> Result<()> {
         Ok(())

@@ -188,9 +188,15 @@ impl StateBuffers {
     fn apply(&self, update: &ParamUpdate) -> Result<()> {
         let p = &self.param;
         let Some(grad) = p.grad_buffer() else { return Ok(()) };
-        // Copy-on-write: a graph that still reads the old value keeps it.
-        let value = p.writable_buffer(true)?;
-        p.device().backend().update_param(update, value, grad, &self.buffers, p.dtype(), p.numel())?;
+        // Copy-on-write: a graph that still reads the old value keeps it;
+        // the update then reads it and writes a fresh buffer.
+        let (value, old) = p.buffer_to_update()?;
+        let backend = p.device().backend();
+        if old.id == value {
+            backend.update_param(update, value, grad, &self.buffers, p.dtype(), p.numel())?;
+        } else {
+            backend.update_param_from(update, old.id, value, grad, &self.buffers, p.dtype(), p.numel())?;
+        }
         p.bump_version();
         Ok(())
     }

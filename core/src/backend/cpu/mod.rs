@@ -463,34 +463,20 @@ impl Backend for CpuBackend {
         dtype: DType,
         len: usize,
     ) -> Result<()> {
-        const OP: &str = "update_param";
-        let needed = checks::update_state_count(upd, state.len())?;
-        let mut slab = self.slab.borrow_mut();
-        // Take every buffer written in place out of the slab (a buffer named
-        // twice is then found missing, never aliased), borrow the gradient.
-        let mut taken: SmallVec<[(BufferId, CpuStorage); 3]> = SmallVec::new();
-        let mut result = Ok(());
-        for &id in std::iter::once(&param).chain(&state[..needed]) {
-            match slab.get_mut(id.0 as usize).and_then(Option::take) {
-                Some(s) => taken.push((id, s)),
-                None => {
-                    result = Err(Self::missing(OP, id));
-                    break;
-                }
-            }
-        }
-        if result.is_ok() {
-            result = (|| {
-                let g = slab.get(grad.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing(OP, grad))?;
-                let (first, rest) = taken.split_first_mut().expect("param is always taken");
-                let mut states: SmallVec<[&mut CpuStorage; 2]> = rest.iter_mut().map(|(_, s)| s).collect();
-                update::update(upd, &mut first.1, g, &mut states, dtype, len)
-            })();
-        }
-        for (id, s) in taken {
-            slab[id.0 as usize] = Some(s);
-        }
-        result
+        self.update_param_maybe_from(upd, None, param, grad, state, dtype, len)
+    }
+
+    fn update_param_from(
+        &self,
+        upd: &ParamUpdate,
+        source: BufferId,
+        param: BufferId,
+        grad: BufferId,
+        state: &[BufferId],
+        dtype: DType,
+        len: usize,
+    ) -> Result<()> {
+        self.update_param_maybe_from(upd, Some(source), param, grad, state, dtype, len)
     }
 
     fn read(&self, buffer: BufferId, dtype: DType, len: usize) -> ReadFuture {
@@ -513,6 +499,57 @@ impl Backend for CpuBackend {
 
     fn supports(&self, op: &Op, dtype: DType) -> bool {
         checks::has_kernel(op, dtype, &[DType::F32, DType::F64, DType::I32, DType::Bool])
+    }
+}
+
+impl CpuBackend {
+    /// `update_param`, reading the current value from `source` when given
+    /// (a buffer other than `param`, left unchanged) instead of `param`.
+    #[allow(clippy::too_many_arguments)]
+    fn update_param_maybe_from(
+        &self,
+        upd: &ParamUpdate,
+        source: Option<BufferId>,
+        param: BufferId,
+        grad: BufferId,
+        state: &[BufferId],
+        dtype: DType,
+        len: usize,
+    ) -> Result<()> {
+        const OP: &str = "update_param";
+        let needed = checks::update_state_count(upd, state.len())?;
+        let mut slab = self.slab.borrow_mut();
+        // Take every buffer written in place out of the slab (a buffer named
+        // twice is then found missing, never aliased), borrow the gradient.
+        let mut taken: SmallVec<[(BufferId, CpuStorage); 3]> = SmallVec::new();
+        let mut result = Ok(());
+        for &id in std::iter::once(&param).chain(&state[..needed]) {
+            match slab.get_mut(id.0 as usize).and_then(Option::take) {
+                Some(s) => taken.push((id, s)),
+                None => {
+                    result = Err(Self::missing(OP, id));
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = (|| {
+                let g = slab.get(grad.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing(OP, grad))?;
+                let source = match source {
+                    Some(id) => {
+                        Some(slab.get(id.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing(OP, id))?)
+                    }
+                    None => None,
+                };
+                let (first, rest) = taken.split_first_mut().expect("param is always taken");
+                let mut states: SmallVec<[&mut CpuStorage; 2]> = rest.iter_mut().map(|(_, s)| s).collect();
+                update::update(upd, &mut first.1, source, g, &mut states, dtype, len)
+            })();
+        }
+        for (id, s) in taken {
+            slab[id.0 as usize] = Some(s);
+        }
+        result
     }
 }
 

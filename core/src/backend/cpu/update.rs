@@ -14,6 +14,7 @@ const OP: &str = "update_param";
 pub(super) fn update(
     upd: &ParamUpdate,
     param: &mut CpuStorage,
+    source: Option<&CpuStorage>,
     grad: &CpuStorage,
     state: &mut [&mut CpuStorage],
     dtype: DType,
@@ -23,6 +24,12 @@ pub(super) fn update(
         let short = || Error::backend(OP, format!("a buffer is not {len} x {dtype}"));
         let p = T::of_mut(param).and_then(|s| s.get_mut(..len)).ok_or_else(short)?;
         let g = T::of(grad).and_then(|s| s.get(..len)).ok_or_else(short)?;
+        // Copy-on-write: the current value is read from `source`, each chunk
+        // copied just before it is updated (while it is in cache).
+        let src = match source {
+            Some(s) => Some(T::of(s).and_then(|s| s.get(..len)).ok_or_else(short)?),
+            None => None,
+        };
         let mut st: SmallVec<[&mut [T]; 2]> = SmallVec::new();
         for s in state.iter_mut() {
             st.push(T::of_mut(s).and_then(|s| s.get_mut(..len)).ok_or_else(short)?);
@@ -33,7 +40,7 @@ pub(super) fn update(
                 let (lr, mom, damp, wd) = (c(lr), c(momentum), c(1.0 - dampening), c(weight_decay));
                 let use_wd = weight_decay != 0.0;
                 if momentum == 0.0 {
-                    chunked(p, g, &mut [], move |p, g, _| {
+                    chunked(p, src, g, &mut [], move |p, g, _| {
                         // Constants copied into locals, one loop per case:
                         // the loops vectorise (see `adam_chunk`).
                         let (lr, wd) = (lr, wd);
@@ -48,7 +55,7 @@ pub(super) fn update(
                         }
                     });
                 } else {
-                    chunked(p, g, &mut st[..1], move |p, g, s| {
+                    chunked(p, src, g, &mut st[..1], move |p, g, s| {
                         let (lr, mom, damp, wd) = (lr, mom, damp, wd);
                         for ((p, &g), v) in p.iter_mut().zip(g).zip(s[0].iter_mut()) {
                             let g = if use_wd { g + wd * *p } else { g };
@@ -70,7 +77,7 @@ pub(super) fn update(
                 let (lr_t, eps, wd) = (c(lr), c(eps), c(weight_decay));
                 let decay = c(1.0 - lr * weight_decay);
                 let k = AdamConsts { b1, b2, nb1, nb2, bc1, bc2, lr: lr_t, eps, wd, decay };
-                chunked(p, g, &mut st[..2], move |p, g, s| {
+                chunked(p, src, g, &mut st[..2], move |p, g, s| {
                     let (ms, vs) = s.split_at_mut(1);
                     adam_chunk(k, decoupled_weight_decay, p, g, &mut ms[0][..], &mut vs[0][..]);
                 });
@@ -152,9 +159,11 @@ fn adam_chunk<T: UpdateFloat>(k: AdamConsts<T>, decoupled: bool, p: &mut [T], g:
 }
 
 /// Run `f` on aligned chunks of the parameter, gradient and state slices,
-/// on rayon's threads when the parameter is large.
-fn chunked<T: Send + Sync>(
+/// on rayon's threads when the parameter is large. With `src`, each chunk
+/// of `p` is first overwritten by the same chunk of `src`.
+fn chunked<T: Copy + Send + Sync>(
     p: &mut [T],
+    src: Option<&[T]>,
     g: &[T],
     st: &mut [&mut [T]],
     f: impl Fn(&mut [T], &[T], &mut [&mut [T]]) + Sync + Send,
@@ -163,13 +172,18 @@ fn chunked<T: Send + Sync>(
     if p.len() * 4 >= super::layout::PAR_THRESHOLD {
         let chunk = super::layout::chunk_len(p.len() * 4) / 4;
         let f = &f;
-        let (mut p, mut g) = (p, g);
+        let (mut p, mut g, mut src) = (p, g, src);
         let mut st: SmallVec<[&mut [T]; 2]> = st.iter_mut().map(|s| &mut **s).collect();
         rayon::scope(|scope| {
             while !p.is_empty() {
                 let n = chunk.min(p.len());
                 let (hp, tp) = std::mem::take(&mut p).split_at_mut(n);
                 let (hg, tg) = g.split_at(n);
+                let hsrc = src.map(|s| {
+                    let (h, t) = s.split_at(n);
+                    src = Some(t);
+                    h
+                });
                 let mut hs: SmallVec<[&mut [T]; 2]> = SmallVec::new();
                 for s in st.iter_mut() {
                     let (h, t) = std::mem::take(s).split_at_mut(n);
@@ -177,10 +191,18 @@ fn chunked<T: Send + Sync>(
                     *s = t;
                 }
                 (p, g) = (tp, tg);
-                scope.spawn(move |_| f(hp, hg, &mut hs));
+                scope.spawn(move |_| {
+                    if let Some(h) = hsrc {
+                        hp.copy_from_slice(h);
+                    }
+                    f(hp, hg, &mut hs)
+                });
             }
         });
         return;
+    }
+    if let Some(s) = src {
+        p.copy_from_slice(s);
     }
     f(p, g, st)
 }
@@ -226,6 +248,71 @@ mod tests {
         // Naming a buffer twice is an error, not aliasing.
         assert!(be.update_param(&sgd, p, g, &[p], DType::F64, 1).is_err());
         assert_eq!(get(&be, p, 1).len(), 1, "buffers are back in the slab");
+    }
+
+    /// Copy-on-write updates (`update_param_from`: read the value from one
+    /// buffer, write the new one into another) give the bits of copying and
+    /// updating in place, leave the source as it was, on the serial path
+    /// and on the chunked parallel one; a buffer named twice is refused.
+    #[test]
+    fn update_from_a_source_equals_copy_then_update() {
+        let be = CpuBackend::new();
+        let updates = [
+            ParamUpdate::Adam {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                decoupled_weight_decay: true,
+                step: 3,
+            },
+            ParamUpdate::Sgd { lr: 0.1, momentum: 0.9, dampening: 0.0, weight_decay: 0.01, nesterov: true },
+            ParamUpdate::Sgd { lr: 0.1, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false },
+        ];
+        for upd in updates {
+            for n in [5, 300_001] {
+                let vals = |seed: u32| -> HostData {
+                    HostData::F32(
+                        (0..n).map(|i| ((i as u32 * 2654435761 ^ seed) % 1000) as f32 / 500.0 - 1.0).collect(),
+                    )
+                };
+                let up = |v: &HostData| {
+                    let id = be.alloc(DType::F32, n + 3).unwrap();
+                    be.upload(id, v).unwrap();
+                    id
+                };
+                let read = |id| pollster::block_on(be.read(id, DType::F32, n)).unwrap();
+                let nonneg = |v: HostData| HostData::F32(v.to_f64_vec().iter().map(|&x| x.abs() as f32).collect());
+                // Adam's second moment is never negative.
+                let (p0, g0, s0, s1) = (vals(1), vals(2), vals(3), nonneg(vals(4)));
+                let bits = |v: HostData| -> Vec<u64> { v.to_f64_vec().iter().map(|x| x.to_bits()).collect() };
+                let states = checks_state_count(&upd);
+                // In place on a copy.
+                let (p, g) = (up(&p0), up(&g0));
+                let st: Vec<BufferId> = [&s0, &s1][..states].iter().map(|v| up(v)).collect();
+                be.update_param(&upd, p, g, &st, DType::F32, n).unwrap();
+                // From the source into a fresh buffer.
+                let (src, dst, g2) = (up(&p0), be.alloc(DType::F32, n + 3).unwrap(), up(&g0));
+                let st2: Vec<BufferId> = [&s0, &s1][..states].iter().map(|v| up(v)).collect();
+                be.update_param_from(&upd, src, dst, g2, &st2, DType::F32, n).unwrap();
+                assert!(read(dst).to_f64_vec().iter().all(|x| x.is_finite()));
+                assert_eq!(bits(read(dst)), bits(read(p)), "{upd:?} n={n}");
+                for (a, b) in st.iter().zip(&st2) {
+                    assert_eq!(bits(read(*a)), bits(read(*b)), "{upd:?} n={n} state");
+                }
+                assert_eq!(read(src), p0, "the source is left as it was");
+                assert!(be.update_param_from(&upd, dst, dst, g2, &st2, DType::F32, n).is_err());
+                assert_eq!(read(dst).len(), n, "buffers are back in the slab");
+            }
+        }
+    }
+
+    fn checks_state_count(upd: &ParamUpdate) -> usize {
+        match upd {
+            ParamUpdate::Adam { .. } => 2,
+            ParamUpdate::Sgd { momentum, .. } => usize::from(*momentum != 0.0),
+        }
     }
 
     #[test]

@@ -55,6 +55,17 @@ impl Geometry {
     fn col(&self, ox: usize, j: usize) -> Option<usize> {
         (ox * self.sw + j * self.dw).checked_sub(self.pw).filter(|&x| x < self.w)
     }
+    /// With stride 1 along x: the output columns `ox0..ox1` whose kernel
+    /// column `j` falls inside the image, and the image column of `ox0`
+    /// (they are consecutive: x = ox + j·dw - pw).
+    #[inline]
+    fn unit_stride_cols(&self, j: usize) -> (usize, usize, usize) {
+        let shift = j * self.dw;
+        let ox0 = self.pw.saturating_sub(shift).min(self.ow);
+        let ox1 = (self.w + self.pw).saturating_sub(shift).clamp(ox0, self.ow);
+        // An empty range starts at image column 0 (its slice is empty).
+        (ox0, ox1, if ox1 > ox0 { ox0 + shift - self.pw } else { 0 })
+    }
 }
 
 fn check(op: &'static str, ok: bool, dims: &[usize], out: &[usize]) -> Result<()> {
@@ -97,6 +108,13 @@ fn im2col_plane<T: Scalar>(g: &Geometry, plane: &[T], dst: &mut [T]) {
                 let out_row = &mut row[oy * g.ow..][..g.ow];
                 match g.row(oy, i) {
                     None => out_row.fill(T::from_f64(0.0)),
+                    Some(y) if g.sw == 1 => {
+                        // Consecutive pixels: one copy, zeros either side.
+                        let (ox0, ox1, x0) = g.unit_stride_cols(j);
+                        out_row[..ox0].fill(T::from_f64(0.0));
+                        out_row[ox0..ox1].copy_from_slice(&plane[y * g.w + x0..][..ox1 - ox0]);
+                        out_row[ox1..].fill(T::from_f64(0.0));
+                    }
                     Some(y) => {
                         for (ox, v) in out_row.iter_mut().enumerate() {
                             *v = match g.col(ox, j) {
@@ -145,6 +163,16 @@ fn col2im_plane<T: super::scalar::Num>(g: &Geometry, columns: &[T], dst: &mut [T
             let row = &columns[(i * g.kw + j) * l..][..l];
             for oy in 0..g.oh {
                 let Some(y) = g.row(oy, i) else { continue };
+                if g.sw == 1 {
+                    // Consecutive pixels; each gets one addition here, so
+                    // the order per pixel is the loop's either way.
+                    let (ox0, ox1, x0) = g.unit_stride_cols(j);
+                    let src = &row[oy * g.ow + ox0..][..ox1 - ox0];
+                    for (v, &c) in dst[y * g.w + x0..][..ox1 - ox0].iter_mut().zip(src) {
+                        *v = v.add(c);
+                    }
+                    continue;
+                }
                 for ox in 0..g.ow {
                     if let Some(x) = g.col(ox, j) {
                         let v = &mut dst[y * g.w + x];
@@ -272,6 +300,166 @@ mod tests {
         match o {
             CpuStorage::F32(v) => v,
             _ => unreachable!(),
+        }
+    }
+
+    /// Im2Col, Col2Im and max pooling (and its adjoint) against direct
+    /// definitions over many geometries, the stride-1 copies and the
+    /// interior-window maximum included (NaNs and ties too). Small
+    /// integers keep every sum exact.
+    #[test]
+    fn window_kernels_match_their_definitions() {
+        let f = |v: Vec<f64>| CpuStorage::F64(v);
+        let take = |s: CpuStorage| match s {
+            CpuStorage::F64(v) => v,
+            _ => unreachable!(),
+        };
+        for (h, w) in [(5, 7), (1, 4), (6, 3)] {
+            for (kh, kw) in [(1, 1), (2, 2), (3, 2), (3, 5)] {
+                for (sh, sw) in [(1, 1), (2, 1), (1, 2), (2, 3)] {
+                    for (ph, pw) in [(0, 0), (1, 1), (2, 1), (0, 4)] {
+                        for (dh, dw) in [(1, 1), (2, 2), (1, 3)] {
+                            let Ok(window) = Window2d::new([kh, kw], [sh, sw], [ph, pw], [dh, dw]) else { continue };
+                            let Ok(g) = Geometry::new("test", &window, h, w) else { continue };
+                            let (n, c) = (2, 3);
+                            let xd = [n, c, h, w];
+                            // Ties and a NaN in the middle of the first plane.
+                            let mut x: Vec<f64> = (0..n * c * h * w).map(|i| ((i * 7) % 5) as f64 - 2.0).collect();
+                            x[(h * w) / 2] = f64::NAN;
+                            let px = |b: usize, ch: usize, y: isize, xx: isize| -> Option<f64> {
+                                (y >= 0 && xx >= 0 && (y as usize) < h && (xx as usize) < w)
+                                    .then(|| x[((b * c + ch) * h + y as usize) * w + xx as usize])
+                            };
+                            let pos = |o: usize, s: usize, k: usize, d: usize, p: usize| {
+                                (o * s + k * d) as isize - p as isize
+                            };
+                            // Im2Col.
+                            let l = g.oh * g.ow;
+                            let cd = [n, c * kh * kw, l];
+                            let xs = f(x.clone());
+                            let mut o = f(vec![9.0; n * c * kh * kw * l]);
+                            im2col(
+                                &window,
+                                &[In { data: &xs, dims: &xd, dtype: DType::F64 }],
+                                &mut Out { data: &mut o, dims: &cd, dtype: DType::F64 },
+                            )
+                            .unwrap();
+                            let cols = take(o);
+                            for b in 0..n {
+                                for ch in 0..c {
+                                    for i in 0..kh {
+                                        for j in 0..kw {
+                                            for oy in 0..g.oh {
+                                                for ox in 0..g.ow {
+                                                    let want =
+                                                        px(b, ch, pos(oy, sh, i, dh, ph), pos(ox, sw, j, dw, pw))
+                                                            .unwrap_or(0.0);
+                                                    let r = (ch * kh + i) * kw + j;
+                                                    let got = cols[(b * c * kh * kw + r) * l + oy * g.ow + ox];
+                                                    assert!(
+                                                        got == want || (got.is_nan() && want.is_nan()),
+                                                        "im2col {window:?} {h}x{w}"
+                                                    );
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            // Col2Im: the adjoint, summed in f64 from integers.
+                            let cv: Vec<f64> = (0..cols.len()).map(|i| ((i * 3) % 7) as f64).collect();
+                            let cs = f(cv.clone());
+                            let mut o = f(vec![9.0; n * c * h * w]);
+                            col2im(
+                                &window,
+                                [h as u32, w as u32],
+                                &[In { data: &cs, dims: &cd, dtype: DType::F64 }],
+                                &mut Out { data: &mut o, dims: &xd, dtype: DType::F64 },
+                            )
+                            .unwrap();
+                            let img = take(o);
+                            let mut want = vec![0.0; n * c * h * w];
+                            for b in 0..n {
+                                for ch in 0..c {
+                                    for i in 0..kh {
+                                        for j in 0..kw {
+                                            for oy in 0..g.oh {
+                                                for ox in 0..g.ow {
+                                                    let (y, xx) = (pos(oy, sh, i, dh, ph), pos(ox, sw, j, dw, pw));
+                                                    if px(b, ch, y, xx).is_some() {
+                                                        let r = (ch * kh + i) * kw + j;
+                                                        want[((b * c + ch) * h + y as usize) * w + xx as usize] +=
+                                                            cv[(b * c * kh * kw + r) * l + oy * g.ow + ox];
+                                                    }
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                            assert_eq!(img, want, "col2im {window:?} {h}x{w}");
+                            // Max pooling (padding at most half the kernel).
+                            if ph > kh / 2 || pw > kw / 2 {
+                                continue;
+                            }
+                            let pd = [n, c, g.oh, g.ow];
+                            let mut o = f(vec![9.0; n * c * l]);
+                            max_pool2d(
+                                &window,
+                                &[In { data: &xs, dims: &xd, dtype: DType::F64 }],
+                                &mut Out { data: &mut o, dims: &pd, dtype: DType::F64 },
+                            )
+                            .unwrap();
+                            let pooled = take(o);
+                            let gv: Vec<f64> = (0..n * c * l).map(|i| (i % 4) as f64 + 1.0).collect();
+                            let gs = f(gv.clone());
+                            let mut o = f(vec![9.0; n * c * h * w]);
+                            max_pool2d_backward(
+                                &window,
+                                &[
+                                    In { data: &xs, dims: &xd, dtype: DType::F64 },
+                                    In { data: &gs, dims: &pd, dtype: DType::F64 },
+                                ],
+                                &mut Out { data: &mut o, dims: &xd, dtype: DType::F64 },
+                            )
+                            .unwrap();
+                            let back = take(o);
+                            let mut want_back = vec![0.0; n * c * h * w];
+                            for b in 0..n {
+                                for ch in 0..c {
+                                    for oy in 0..g.oh {
+                                        for ox in 0..g.ow {
+                                            // First maximum in row-major window order; a NaN wins.
+                                            let mut best: Option<(usize, f64)> = None;
+                                            for i in 0..kh {
+                                                for j in 0..kw {
+                                                    let (y, xx) = (pos(oy, sh, i, dh, ph), pos(ox, sw, j, dw, pw));
+                                                    let Some(v) = px(b, ch, y, xx) else { continue };
+                                                    let at = ((b * c + ch) * h + y as usize) * w + xx as usize;
+                                                    best = match best {
+                                                        Some((_, bv)) if bv.is_nan() || !(v > bv || v.is_nan()) => best,
+                                                        _ => Some((at, v)),
+                                                    };
+                                                }
+                                            }
+                                            let o = (b * c + ch) * l + oy * g.ow + ox;
+                                            let got = pooled[o];
+                                            // A dilated window may hold padding only: -inf, no gradient.
+                                            let Some((at, v)) = best else {
+                                                assert_eq!(got, f64::NEG_INFINITY, "maxpool {window:?}");
+                                                continue;
+                                            };
+                                            assert!(got == v || (got.is_nan() && v.is_nan()), "maxpool {window:?}");
+                                            want_back[at] += gv[o];
+                                        }
+                                    }
+                                }
+                            }
+                            assert_eq!(back, want_back, "maxpool backward {window:?} {h}x{w}");
+                        }
+                    }
+                }
+            }
         }
     }
 
