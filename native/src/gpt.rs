@@ -6,6 +6,7 @@
 //! token embedding), trained with AdamW (weight decay on matrices only),
 //! linear warm-up then cosine decay, and global gradient-norm clipping.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
@@ -457,28 +458,48 @@ pub fn estimate_loss_with(
     seed: u64,
 ) -> Result<f64> {
     let context = model.config().context;
-    let (rank, size) = (replicas.rank(), replicas.size());
     let mut rng = SplitMix64::new(seed);
+    // Drawn on every process (the helper asks for every batch), so that each
+    // one's batches are the ones a single process would draw.
+    let sum = summed_losses(replicas, device, model, batches, |_| {
+        let (x, y) = random_batch(ids, batch, context, &mut rng);
+        (Cow::Owned(x), Cow::Owned(y), batch, 1.0)
+    })?;
+    Ok(sum / batches.max(1) as f64)
+}
+
+/// Evaluation-mode loss summed over `count` batches: `batch_of(i)` gives
+/// batch i's inputs and targets (`rows` × context) and its weight in the
+/// sum. It is called for every i on every process, in order; each process
+/// evaluates every `size`-th batch from its rank on and the sums are added
+/// up. Collective.
+fn summed_losses<'a>(
+    replicas: &mut dyn Replicas,
+    device: &Device,
+    model: &Gpt,
+    count: usize,
+    mut batch_of: impl FnMut(usize) -> (Cow<'a, [i32]>, Cow<'a, [i32]>, usize, f64),
+) -> Result<f64> {
+    let context = model.config().context;
+    let (rank, size) = (replicas.rank(), replicas.size());
     let mut graph = Graph::new(device);
     model.set_training(false);
     let mut total = 0.0;
     let mut result = Ok(());
-    for i in 0..batches {
-        // Drawn on every process, so that each one's batches are the ones
-        // a single process would draw.
-        let (x, y) = random_batch(ids, batch, context, &mut rng);
+    for i in 0..count {
+        let (x, y, rows, weight) = batch_of(i);
         if i % size != rank {
             continue;
         }
         graph.reset();
         let _no_grad = graph.no_grad();
         let step = (|| {
-            let x = graph.tensor_from(&x, &[batch, context])?;
-            let y = graph.tensor_from(&y, &[batch, context])?;
+            let x = graph.tensor_from(&x, &[rows, context])?;
+            let y = graph.tensor_from(&y, &[rows, context])?;
             lm_loss(model, x, y)?.item_blocking()
         })();
         match step {
-            Ok(l) => total += l,
+            Ok(l) => total += l * weight,
             Err(e) => {
                 result = Err(e);
                 break;
@@ -489,7 +510,7 @@ pub fn estimate_loss_with(
     result?;
     let mut sum = [total];
     replicas.sum(&mut sum)?;
-    Ok(sum[0] / batches.max(1) as f64)
+    Ok(sum[0])
 }
 
 /// Mean loss over all of `ids` (evaluation mode, no gradient structure):
@@ -520,38 +541,14 @@ pub fn split_loss_with(
             format!("{} tokens hold no window of {context} (batch {batch})", ids.len()),
         ));
     }
-    let (rank, size) = (replicas.rank(), replicas.size());
-    let mut graph = Graph::new(device);
-    model.set_training(false);
-    let mut total = 0.0;
-    let mut result = Ok(());
-    for (i, first) in (0..windows).step_by(batch).enumerate() {
-        if i % size != rank {
-            continue;
-        }
+    let sum = summed_losses(replicas, device, model, windows.div_ceil(batch), |i| {
+        let first = i * batch;
         let rows = batch.min(windows - first);
         let (start, end) = (first * context, (first + rows) * context);
-        graph.reset();
-        let _no_grad = graph.no_grad();
-        let step = (|| {
-            let x = graph.tensor_from(&ids[start..end], &[rows, context])?;
-            let y = graph.tensor_from(&ids[start + 1..end + 1], &[rows, context])?;
-            lm_loss(model, x, y)?.item_blocking()
-        })();
-        match step {
-            // Each batch's mean, weighted by its windows (all of one length).
-            Ok(l) => total += l * rows as f64,
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
-        }
-    }
-    model.set_training(true);
-    result?;
-    let mut sum = [total];
-    replicas.sum(&mut sum)?;
-    Ok((sum[0] / windows as f64, windows))
+        // Each batch's mean, weighted by its windows (all of one length).
+        (Cow::Borrowed(&ids[start..end]), Cow::Borrowed(&ids[start + 1..end + 1]), rows, rows as f64)
+    })?;
+    Ok((sum / windows as f64, windows))
 }
 
 /// Generate `tokens` characters after `prompt` with the key/value cache:
