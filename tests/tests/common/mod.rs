@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cases;
+pub mod chains;
 
 use kiln::{Blocking, BlockingParam, Device, DeviceSelection, Param, Tensor, WgpuOptions};
 use kiln_wgsl::wgpu;
