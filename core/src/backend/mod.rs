@@ -118,6 +118,15 @@ pub struct FusedCall<'a> {
     pub plan_id: Option<u64>,
 }
 
+impl FusedCall<'_> {
+    /// The numeric dtype the group computes in: the first dtype other than
+    /// Bool among its ops' outputs and its inputs (comparisons give Bool
+    /// values beside it). None for a group of Bool values only.
+    pub fn value_dtype(&self) -> Option<DType> {
+        self.ops.iter().map(|o| o.dtype).chain(self.inputs.iter().map(|t| t.dtype)).find(|&d| d != DType::Bool)
+    }
+}
+
 /// What a backend compiled and measured to run kernels, counted since it
 /// was created (`kiln bench` reports them per step: a warmed-up step should
 /// compile nothing).

@@ -102,13 +102,7 @@ fn bad(message: impl Into<String>) -> Error {
 }
 
 pub(crate) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
-    let value = call
-        .ops
-        .iter()
-        .map(|o| o.dtype)
-        .chain(call.inputs.iter().map(|t| t.dtype))
-        .find(|&d| d != DType::Bool)
-        .ok_or_else(|| bad("a group without a value of a numeric dtype"))?;
+    let value = call.value_dtype().ok_or_else(|| bad("a group without a value of a numeric dtype"))?;
     if value == DType::F64 {
         return Err(crate::buffers::f64_refused(OP));
     }

@@ -281,13 +281,7 @@ enum InSlice<'a, T> {
 }
 
 pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
-    let value = call
-        .ops
-        .iter()
-        .map(|o| o.dtype)
-        .chain(call.inputs.iter().map(|t| t.dtype))
-        .find(|&d| d != DType::Bool)
-        .ok_or_else(|| bad("a group without a value of a numeric dtype"))?;
+    let value = call.value_dtype().ok_or_else(|| bad("a group without a value of a numeric dtype"))?;
     let plan = match call.plan_id {
         Some(id) => {
             let cached = be.fused_plans.0.borrow().get(&id).cloned();
