@@ -50,9 +50,13 @@ fn exp_negative(q: f32) -> f32 {
     // Round to nearest without a rounding instruction (SSE2 has none): adding
     // 1.5·2²³ leaves no fraction bits.
     const SHIFTER: f32 = 12_582_912.0;
-    let n = (q * LOG2E + SHIFTER) - SHIFTER;
+    let shifted = q * LOG2E + SHIFTER;
+    let n = shifted - SHIFTER;
+    // n as an integer, read from the bits (an exact small integer, so this
+    // equals `n as i32`, whose saturating conversion does not vectorise).
+    let k = shifted.to_bits().wrapping_sub(SHIFTER.to_bits()) as i32;
     let r = (q - n * LN2_HI) - n * LN2_LO;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let scale = f32::from_bits(((k + 127) as u32) << 23);
     horner(&EXP_POLY, r) * scale
 }
 

@@ -44,9 +44,7 @@ fn map<T: Scalar, O: Scalar>(x: &[T], out: &mut [O], weight: usize, f: impl Fn(T
     debug_assert_eq!(x.len(), out.len());
     for_chunks_weighted(out, 1, weight, |s, c| {
         let n = c.len();
-        for (o, &v) in c.iter_mut().zip(&x[s..s + n]) {
-            *o = f(v);
-        }
+        super::simd::dispatch(super::simd::Map { x: &x[s..s + n], out: c, f: &f });
     });
 }
 

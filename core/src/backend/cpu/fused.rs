@@ -411,7 +411,7 @@ fn eval<T: Scalar + Value>(
     let run_chunk = |index: usize, mut outs: Vec<Option<OutSlice<'_, T>>>| {
         let start = index * chunk;
         let end = (start + chunk).min(n);
-        eval_chunk::<T>(call.dims, plan, &inputs, &mut outs, start, end);
+        super::simd::dispatch(EvalChunk { dims: call.dims, plan, inputs: &inputs, outs: &mut outs, start, end });
     };
     #[cfg(feature = "rayon")]
     if chunks > 1 {
@@ -440,6 +440,27 @@ fn chunk_len(n: usize, weight: usize) -> usize {
     n.max(1)
 }
 
+/// `eval_chunk`'s arguments, to run it with the widest vectors the CPU has.
+struct EvalChunk<'a, 'i, 'o, T> {
+    dims: &'a [usize],
+    plan: &'a Plan,
+    inputs: &'a [InSlice<'i, T>],
+    outs: &'a mut [Option<OutSlice<'o, T>>],
+    start: usize,
+    end: usize,
+}
+
+impl<T: Scalar + Value> super::simd::Kernel for EvalChunk<'_, '_, '_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        eval_chunk::<T>(self.dims, self.plan, self.inputs, self.outs, self.start, self.end);
+    }
+}
+
+// Inlined (with `run_step` and `gather`) into each of `simd::dispatch`'s
+// instruction-set copies.
+#[inline(always)]
 fn eval_chunk<T: Scalar + Value>(
     dims: &[usize],
     plan: &Plan,
@@ -546,6 +567,7 @@ impl<'a, V> View<'a, V> {
 /// along the innermost axis at a time: a fill (a broadcast row statistic,
 /// stride 0), a copy (a bias, stride 1) or a strided loop. (Element by
 /// element, the index arithmetic cost more than the ops reading the tile.)
+#[inline(always)]
 fn gather<V: Copy>(x: &[V], strides: &[usize], dims: &[usize], s: usize, out: &mut [V]) {
     let rank = dims.len();
     if rank == 0 {
@@ -593,6 +615,7 @@ fn gather<V: Copy>(x: &[V], strides: &[usize], dims: &[usize], s: usize, out: &m
     }
 }
 
+#[inline(always)]
 fn run_step<T: Scalar + Value>(
     step: &Step,
     t: &mut Tiles<T>,

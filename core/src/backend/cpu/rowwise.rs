@@ -7,6 +7,7 @@
 use super::layout::for_chunks_weighted;
 use super::reduce::{Tree, LEAF};
 use super::scalar::Num;
+use super::simd::{dispatch, Kernel};
 use super::{with_float, In, Out};
 use crate::backend::checks;
 use crate::error::Result;
@@ -24,19 +25,40 @@ pub(super) fn causal_softmax(diagonal: i32, [x]: &[In<'_>; 1], out: &mut Out<'_>
     with_float!(x.dtype, OP, T => {
         let src = x.slice::<T>(OP)?;
         for_chunks_weighted(out.slice::<T>(OP)?, cols, COST, |start, chunk| {
-            for (k, dst) in chunk.chunks_exact_mut(cols).enumerate() {
-                let r = start / cols + k;
-                let kept = checks::causal_kept(r % rows, cols, diagonal);
-                softmax_row(&src[r * cols..][..cols], kept, dst);
-            }
+            dispatch(Rows { src, chunk, first: start / cols, rows, cols, diagonal });
         });
         Ok(())
     })
 }
 
+/// Rows `first..` of a CausalSoftmax into `chunk`, to run with the widest
+/// vectors the CPU has.
+struct Rows<'a, T> {
+    src: &'a [T],
+    chunk: &'a mut [T],
+    first: usize,
+    rows: usize,
+    cols: usize,
+    diagonal: i32,
+}
+
+impl<T: Num> Kernel for Rows<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let cols = self.cols;
+        for (k, dst) in self.chunk.chunks_exact_mut(cols).enumerate() {
+            let r = self.first + k;
+            let kept = checks::causal_kept(r % self.rows, cols, self.diagonal);
+            softmax_row(&self.src[r * cols..][..cols], kept, dst);
+        }
+    }
+}
+
 /// Softmax of `x[..kept]` into `dst[..kept]`, zeros after. A row whose kept
 /// entries are all -inf (or that keeps none) is all zeros; a NaN among them
 /// makes the row NaN, as in the plain softmax.
+#[inline(always)]
 fn softmax_row<T: Num>(x: &[T], kept: usize, dst: &mut [T]) {
     let (head, tail) = dst.split_at_mut(kept);
     tail.fill(T::ZERO);
@@ -50,12 +72,12 @@ fn softmax_row<T: Num>(x: &[T], kept: usize, dst: &mut [T]) {
     let add = |a: T, b: T| a.add(b);
     let mut tree = Tree::new();
     for (leaf, xs) in head.chunks_mut(LEAF).zip(x.chunks(LEAF)) {
-        let mut acc = T::ZERO;
+        // The exponentials first (a loop that vectorises), then their sum in
+        // index order (a serial chain either way).
         for (d, &v) in leaf.iter_mut().zip(xs) {
-            let e = T::unary(UnaryOp::Exp, T::binary(BinaryOp::Sub, v, max));
-            *d = e;
-            acc = acc.add(e);
+            *d = T::unary(UnaryOp::Exp, T::binary(BinaryOp::Sub, v, max));
         }
+        let acc = leaf.iter().fold(T::ZERO, |acc, &e| acc.add(e));
         tree.push(acc, &add);
     }
     let total = tree.finish(&add).unwrap_or(T::ZERO);
