@@ -211,6 +211,9 @@ fn matmul_all_forms() {
         ("batched", vec![2, 2, 3], vec![2, 3, 2], false, false),
         ("batch broadcast [2,1,2,2]x[3,2,2]", vec![2, 1, 2, 2], vec![3, 2, 2], false, false),
         ("batched a by 2-D b", vec![2, 2, 3], vec![3, 2], false, false),
+        // Linear's form: b's gradient is one product over the flattened batch.
+        ("batched a by 2-D b transposed", vec![2, 2, 3], vec![4, 3], false, true),
+        ("rank-4 a by 2-D b", vec![2, 2, 1, 3], vec![3, 2], false, false),
         ("2-D a by batched b, both transposed", vec![3, 2], vec![2, 2, 3], true, true),
         ("batched, a transposed", vec![2, 3, 2], vec![1, 3, 2], true, false),
     ];

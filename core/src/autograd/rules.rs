@@ -132,6 +132,31 @@ pub(crate) fn input_gradients<'g>(
         }
         Op::MatMul { transpose_a: ta, transpose_b: tb } => {
             let (a, b) = (x[0], x[1]);
+            // A matrix b shared by every batch of a plain a (Linear's weight):
+            // its gradient sums aᵀ·g over the batch, which is one product of
+            // a and g read as [batch · M, K] and [batch · M, N] (one GEMM
+            // with a long contraction, instead of a batched product of short
+            // ones and a Sum over the batch).
+            let (ad, bd) = (a.dims(), b.dims());
+            if !ta && bd.len() == 2 && ad.len() > 2 && needs.get(1) == Some(&true) {
+                // Rows of a and g: the batch axes times M.
+                let rows: usize = ad[..ad.len() - 1].iter().product();
+                let flat = |t: Tensor<'g>| -> Result<Tensor<'g>> {
+                    let d = t.dims();
+                    t.reshape_to(&[rows, d[d.len() - 1]])
+                };
+                let gb = if tb {
+                    flat(g)?.matmul_t(flat(a)?, true, false)?
+                } else {
+                    flat(a)?.matmul_t(flat(g)?, true, false)?
+                };
+                let ga = if needs[0] {
+                    Some(if tb { g.matmul_t(b, false, false)? } else { g.matmul_t(b, false, true)? })
+                } else {
+                    None
+                };
+                return Ok(smallvec![ga, Some(gb)]);
+            }
             per_input(needs, |i| match (ta, tb, i) {
                 (false, false, 0) => g.matmul_t(b, false, true),
                 (false, false, _) => a.matmul_t(g, true, false),
