@@ -22,6 +22,7 @@ mod random;
 mod reduce;
 mod rowwise;
 mod scalar;
+mod simd;
 mod update;
 mod window;
 
