@@ -23,6 +23,8 @@ mod reduce;
 mod rowwise;
 mod scalar;
 mod simd;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd_gemm;
 mod update;
 mod window;
 
