@@ -1,5 +1,5 @@
-//! Wider vectors for the CPU's own loops (element-wise, fused, softmax) on
-//! x86-64, chosen at run time.
+//! Wider vectors for the CPU's own loops (element-wise, fused, softmax, the
+//! optimizer updates) on x86-64, chosen at run time.
 //!
 //! The crate is built for the x86-64 baseline (SSE2, 4 f32 lanes) so that
 //! one binary runs on every x86-64 machine; the `gemm` crate picks its own
@@ -95,6 +95,27 @@ pub(crate) fn dispatch<K: Kernel>(k: K) -> K::Output {
         _ => {}
     }
     k.run()
+}
+
+/// Run `f`, compiled for the widest vector extension this CPU offers. `f`
+/// should be a closure marked `#[inline(always)]` that calls
+/// `#[inline(always)]` loops, so that its body is compiled inside the
+/// wide-vector functions rather than called from them (a `Kernel` needs no
+/// such care: its `run` is always inlined).
+#[inline(always)]
+pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
+    dispatch(Wide(f))
+}
+
+/// A closure as a `Kernel` (see `wide`).
+struct Wide<F>(F);
+
+impl<R, F: FnOnce() -> R> Kernel for Wide<F> {
+    type Output = R;
+    #[inline(always)]
+    fn run(self) -> R {
+        (self.0)()
+    }
 }
 
 /// out[i] = f(x[i]): the body of the element-wise `map`.

@@ -3,10 +3,11 @@
 //! element of a per step: 11 vector registers, well inside x64's 16),
 //! operands packed into panels read front to back, whole panels packed by
 //! vector copies or 4×4 transposes. It replaces the `gemm` crate's wasm
-//! path (12×4 tiles): about as fast (measured in Node, CPU time: 1024³
-//! 23–26 GFLOP/s for both; W1's products within ±10 %), and gemm's code
-//! (its scalar fallback included) leaves the download: −11 KB gzipped.
-//! A 6×8 tile measured the same as 4×8.
+//! path (12×4 tiles): in Node (CPU time, load ~10) 1024³ 31.6–35.2 GFLOP/s
+//! against gemm's 21–26, W1's products 28–31 against 21–23; and gemm's
+//! code (its scalar fallback included) leaves the download: −11 KB gzipped.
+//! (A 6×8 tile measured the same as 4×8 while the inner loop was unrolled
+//! and spilled; not retried since.)
 //!
 //! Each output element is a sum over k in order, in blocks of `KC` started
 //! from the previous block's partial sum; no fused multiply-add (simd128 has
@@ -227,17 +228,10 @@ fn kernel(kc: usize, ap: &[f32], bp: &[f32], dst: &mut [f32], t: Tile, accumulat
                 c31 = f32x4_add(c31, f32x4_mul(x, b1));
             }};
         }
-        // Four steps per iteration: a quarter of the loop's overhead (V8
-        // checks for interrupts at every back edge).
-        for _ in 0..kc / 4 {
-            step!(0);
-            step!(1);
-            step!(2);
-            step!(3);
-            a = a.add(4 * MR);
-            b = b.add(4 * NR);
-        }
-        for _ in 0..kc % 4 {
+        // One step per iteration: unrolled, LLVM hoisted every step's loads
+        // of b to the top of the body, and V8 then spilled accumulators to
+        // the stack inside the loop (seen with node --print-wasm-code).
+        for _ in 0..kc {
             step!(0);
             a = a.add(MR);
             b = b.add(NR);
