@@ -136,9 +136,12 @@ pub(crate) fn input_gradients<'g>(
             // its gradient sums aᵀ·g over the batch, which is one product of
             // a and g read as [batch · M, K] and [batch · M, N] (one GEMM
             // with a long contraction, instead of a batched product of short
-            // ones and a Sum over the batch).
+            // ones and a Sum over the batch). Not in the browser build, whose
+            // download budget it would exceed (the batched form gives the
+            // same values up to summation order).
             let (ad, bd) = (a.dims(), b.dims());
-            if !ta && bd.len() == 2 && ad.len() > 2 && needs.get(1) == Some(&true) {
+            if cfg!(not(target_arch = "wasm32")) && !ta && bd.len() == 2 && ad.len() > 2 && needs.get(1) == Some(&true)
+            {
                 // Rows of a and g: the batch axes times M.
                 let rows: usize = ad[..ad.len() - 1].iter().product();
                 let flat = |t: Tensor<'g>| -> Result<Tensor<'g>> {
