@@ -71,17 +71,14 @@ pub fn wasm_memory_bytes() -> f64 {
     return 0.0;
 }
 
-/// Runs when the module loads: turns on gemm's SIMD kernels (simd128
-/// builds) and, in builds with std's usual panics (`KILN_WEB_NIGHTLY=0`),
-/// has a Rust panic (a kiln bug, never bad input) printed to the console
-/// before the wasm trap.
+/// Runs when the module loads: in builds with std's usual panics
+/// (`KILN_WEB_NIGHTLY=0`), has a Rust panic (a kiln bug, never bad input)
+/// printed to the console before the wasm trap. (gemm is no longer told to
+/// use its SIMD kernels: simd128 builds multiply f32 by kiln-core's own,
+/// `backend/cpu/simd_gemm.rs`.)
 #[cfg(target_arch = "wasm32")]
 #[wasm_bindgen(start)]
 pub fn start() {
-    // gemm picks its wasm SIMD micro-kernels only when told; a module built
-    // with simd128 (scripts/build.mjs) loads only where SIMD exists anyway.
-    #[cfg(target_feature = "simd128")]
-    gemm::set_wasm_simd128(true);
     // Built with panic=immediate-abort (scripts/build.mjs) a panic traps at
     // once and no hook runs: none is linked.
     #[cfg(not(panic = "immediate-abort"))]

@@ -729,6 +729,103 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     close(await ok.item(), 3, 0, 'usable after errors');
     g.free();
   }],
+
+  // The wasm build multiplies f32 with its own SIMD kernel
+  // (core/src/backend/cpu/simd_gemm.rs: 4×8 tiles, k in blocks of 256, rows
+  // in blocks of 64, columns in blocks of 512, panels packed by copies or
+  // 4×4 transposes): shapes on and around those edges, every transpose, on
+  // the CPU (in Node this is the same wasm), against float64 sums.
+  ['f32 matmul of odd shapes and transposes matches float64 (CPU kernel)', async (k) => {
+    const cpu = await k.Kiln.create('cpu');
+    let seed = 12345;
+    const rand = (n) => Float32Array.from({ length: n }, () => { seed = (seed * 1103515245 + 12345) >>> 0; return seed / 2 ** 31 - 1; });
+    const g = cpu.graph();
+    for (const [m, kk, n] of [[13, 37, 21], [4, 256, 8], [67, 300, 129], [70, 520, 515], [1, 600, 9], [9, 1, 700], [3, 5, 2]]) {
+      for (const [ta, tb] of [[false, false], [true, false], [false, true], [true, true]]) {
+        const A = rand(m * kk), B = rand(kk * n);
+        const a = ta ? g.tensor(A, [kk, m]).transpose(0, 1) : g.tensor(A, [m, kk]);
+        const b = tb ? g.tensor(B, [n, kk]).transpose(0, 1) : g.tensor(B, [kk, n]);
+        const got = await a.matmul(b).toArray();
+        for (let i = 0; i < m; i++) {
+          for (let j = 0; j < n; j++) {
+            let sum = 0, mag = 0;
+            for (let p = 0; p < kk; p++) {
+              const x = (ta ? A[p * m + i] : A[i * kk + p]) * (tb ? B[j * kk + p] : B[p * n + j]);
+              sum += x;
+              mag += Math.abs(x);
+            }
+            const err = Math.abs(got[i * n + j] - sum);
+            assert(err <= 1e-6 * mag + 1e-30, `${m}x${kk}x${n} ta=${ta} tb=${tb} at (${i}, ${j}): ${got[i * n + j]} vs ${sum}`);
+          }
+        }
+      }
+    }
+    g.free();
+    cpu.free();
+  }],
+
+  // The wasm build's Adam runs four lanes at a time
+  // (core/src/backend/cpu/update.rs, simd::adam_f32): every lane must do
+  // PyTorch's formula in f32, operation by operation, as the scalar loop
+  // does — so the values and both moments equal a Math.fround reference bit
+  // for bit (37 elements: nine vectors and a scalar tail), with L2 and
+  // decoupled decay.
+  ['Adam and AdamW steps equal an f32 reference bit for bit (CPU)', async (k) => {
+    const cpu = await k.Kiln.create('cpu');
+    const f = Math.fround;
+    const n = 37, steps = 3, [lr, b1, b2, eps, wd] = [0.01, 0.9, 0.999, 1e-8, 0.1];
+    const p0 = Float32Array.from({ length: n }, (_, i) => Math.sin(i + 1) * 2);
+    const c = Float32Array.from({ length: n }, (_, i) => Math.cos(3 * i) * (i % 5 === 0 ? 1e-3 : 1));
+    for (const decoupled of [false, true]) {
+      const p = cpu.param('p', p0, [n]);
+      const opt = new k.Adam([p], lr, b1, b2, eps, wd, decoupled);
+      for (let s = 0; s < steps; s++) {
+        const g = cpu.graph();
+        const loss = g.param(p).mul(g.tensor(c, [n])).sum();
+        opt.zeroGrad();
+        loss.backward();
+        opt.step();
+        await loss.item();
+        g.free();
+      }
+      const got = await p.value();
+      // Adam's moments from the optimizer's checkpoint (safetensors: an
+      // 8-byte header length, the JSON header, the data).
+      const bytes = await opt.stateDict();
+      const len = Number(new DataView(bytes.buffer, bytes.byteOffset).getBigUint64(0, true));
+      const header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + len)));
+      const moment = (key) => {
+        const [from, to] = header[`optimizer.0.${key}`].data_offsets;
+        return new Float32Array(bytes.slice(8 + len + from, 8 + len + to).buffer);
+      };
+      const [gotM, gotV] = [moment('exp_avg'), moment('exp_avg_sq')];
+      // The reference: kiln's constants are computed in f64 and rounded to
+      // f32 (powi: repeated products), then every operation rounds to f32.
+      const want = Float32Array.from(p0), mo = new Float32Array(n), ve = new Float32Array(n);
+      let pw1 = 1, pw2 = 1;
+      for (let s = 1; s <= steps; s++) {
+        pw1 *= b1;
+        pw2 *= b2;
+        const [bc1, bc2, fb1, fb2, nb1, nb2] = [1 - pw1, 1 - pw2, b1, b2, 1 - b1, 1 - b2].map(f);
+        const [flr, feps, fwd, decay] = [lr, eps, wd, 1 - lr * wd].map(f);
+        for (let i = 0; i < n; i++) {
+          let gi = c[i], pi = want[i];
+          if (decoupled) pi = f(pi * decay); else gi = f(gi + f(fwd * pi));
+          mo[i] = f(f(fb1 * mo[i]) + f(nb1 * gi));
+          ve[i] = f(f(fb2 * ve[i]) + f(f(nb2 * gi) * gi));
+          const mhat = f(mo[i] / bc1), vhat = f(ve[i] / bc2);
+          want[i] = f(pi - f(f(flr * mhat) / f(f(Math.sqrt(vhat)) + feps)));
+        }
+      }
+      for (let i = 0; i < n; i++) {
+        assert(Object.is(got[i], want[i]), `decoupled=${decoupled} element ${i}: ${got[i]} vs ${want[i]}`);
+        assert(Object.is(gotM[i], mo[i]) && Object.is(gotV[i], ve[i]), `decoupled=${decoupled} moments of element ${i}: ${gotM[i]}, ${gotV[i]} vs ${mo[i]}, ${ve[i]}`);
+      }
+      opt.free();
+      p.free();
+    }
+    cpu.free();
+  }],
 ];
 
 /** Run every test; returns [{name, ok, error, ms}]. */

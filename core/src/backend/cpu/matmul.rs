@@ -164,6 +164,9 @@ fn gemm_chunk<const COMPACT: bool, T: Float>(
         }
         return Ok(());
     }
+    if T::own_gemm(a, b, lhs, rhs, dst) {
+        return Ok(());
+    }
     let blocks = column_blocks(m, n, k);
     let width = n.div_ceil(blocks).next_multiple_of(16).min(n);
     gemm_blocks(a, b, lhs, rhs, dst, width, par);

@@ -22,6 +22,8 @@ mod random;
 mod reduce;
 mod rowwise;
 mod scalar;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd_gemm;
 mod update;
 mod window;
 

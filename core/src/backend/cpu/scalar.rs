@@ -3,6 +3,7 @@
 //! `Float` (f32, f64).
 
 use super::CpuStorage;
+use crate::backend::checks::Mat;
 use crate::dtype::DType;
 use crate::op::{BinaryOp, Value};
 
@@ -139,6 +140,19 @@ pub(crate) trait Float:
     + std::ops::Mul<Output = Self>
     + std::ops::Div<Output = Self>
 {
+    /// dst = a × b by a kernel of this build's own (the caller checked the
+    /// shapes), or false where there is none and the caller multiplies.
+    #[inline(always)]
+    fn own_gemm(_a: &Mat, _b: &Mat, _lhs: &[Self], _rhs: &[Self], _dst: &mut [Self]) -> bool {
+        false
+    }
 }
-impl Float for f32 {}
+impl Float for f32 {
+    /// The browser build's SIMD kernel (`simd_gemm`), in place of gemm's.
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    fn own_gemm(a: &Mat, b: &Mat, lhs: &[f32], rhs: &[f32], dst: &mut [f32]) -> bool {
+        super::simd_gemm::gemm_f32(a, b, lhs, rhs, dst);
+        true
+    }
+}
 impl Float for f64 {}
