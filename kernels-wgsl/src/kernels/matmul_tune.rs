@@ -24,7 +24,6 @@ use kiln_core::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
 use super::matmul_vec4;
 use crate::params::MatMul;
-#[cfg(not(target_arch = "wasm32"))]
 use crate::shaders::Kernel;
 use crate::shaders::WG;
 use crate::WgpuBackend;
