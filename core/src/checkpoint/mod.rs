@@ -187,29 +187,61 @@ pub fn save_optimizer_state_with<'a, O: OptimizerState>(
     let location = std::panic::Location::caller();
     async move {
         let state = optimizer.read_state().await.map_err(|e| e.at(location))?;
-        let params = optimizer.params();
-        let slots = optimizer.slot_names();
-        let mut tensors = Vec::new();
-        for (i, (param, buffers)) in params.iter().zip(state).enumerate() {
-            for (slot, data) in slots.iter().zip(buffers) {
-                tensors.push((format!("optimizer.{i}.{slot}"), param.dims().to_vec(), data));
-            }
-        }
-        let mut metadata = HashMap::new();
-        metadata.insert("optimizer".to_string(), optimizer.kind().to_string());
-        metadata.insert("step".to_string(), optimizer.step_count().to_string());
-        metadata.insert("params".to_string(), params.len().to_string());
-        metadata.insert("group_lrs".to_string(), join(&optimizer.group_learning_rates()));
-        if let Some(s) = scheduler {
-            let (step, base) = s.state();
-            metadata.insert("scheduler.step".to_string(), step.to_string());
-            metadata.insert("scheduler.base_lrs".to_string(), join(&base));
-        }
-        for (name, value) in optimizer.hyper_parameters() {
-            metadata.insert(name.to_string(), value.to_string());
-        }
-        serialize("checkpoint::save_optimizer_state", &tensors, metadata).map_err(|e| e.at(location))
+        let about = About::of(optimizer);
+        optimizer_file(&about, optimizer.step_count(), scheduler, state).map_err(|e| e.at(location))
     }
+}
+
+/// What the checkpoint code needs to know of an optimizer, gathered once:
+/// the file is written and read by non-generic functions (one copy in the
+/// browser's wasm for Sgd and Adam, not one per optimizer type).
+struct About {
+    kind: &'static str,
+    params: Vec<Param>,
+    slots: &'static [&'static str],
+    group_lrs: Vec<f64>,
+    hyper: Vec<(&'static str, f64)>,
+}
+
+impl About {
+    fn of<O: OptimizerState>(optimizer: &O) -> About {
+        About {
+            kind: optimizer.kind(),
+            params: optimizer.params(),
+            slots: optimizer.slot_names(),
+            group_lrs: optimizer.group_learning_rates(),
+            hyper: optimizer.hyper_parameters(),
+        }
+    }
+}
+
+/// The safetensors bytes of an optimizer's state (`save_optimizer_state_with`).
+fn optimizer_file(
+    about: &About,
+    step: u64,
+    scheduler: Option<&LrScheduler>,
+    state: Vec<Vec<HostData>>,
+) -> Result<Vec<u8>> {
+    let mut tensors = Vec::new();
+    for (i, (param, buffers)) in about.params.iter().zip(state).enumerate() {
+        for (slot, data) in about.slots.iter().zip(buffers) {
+            tensors.push((format!("optimizer.{i}.{slot}"), param.dims().to_vec(), data));
+        }
+    }
+    let mut metadata = HashMap::new();
+    metadata.insert("optimizer".to_string(), about.kind.to_string());
+    metadata.insert("step".to_string(), step.to_string());
+    metadata.insert("params".to_string(), about.params.len().to_string());
+    metadata.insert("group_lrs".to_string(), join(&about.group_lrs));
+    if let Some(s) = scheduler {
+        let (step, base) = s.state();
+        metadata.insert("scheduler.step".to_string(), step.to_string());
+        metadata.insert("scheduler.base_lrs".to_string(), join(&base));
+    }
+    for (name, value) in &about.hyper {
+        metadata.insert(name.to_string(), value.to_string());
+    }
+    serialize("checkpoint::save_optimizer_state", &tensors, metadata)
 }
 
 /// Restore an optimizer from `save_optimizer_state`'s bytes: the state buffers,
@@ -241,6 +273,32 @@ fn load_optimizer<O: OptimizerState>(
     scheduler: Option<&mut LrScheduler>,
     bytes: &[u8],
 ) -> Result<()> {
+    let file = read_optimizer_file(&About::of(optimizer), scheduler.is_some(), bytes)?;
+    optimizer.write_state(&file.state)?;
+    optimizer.set_step_count(file.step);
+    optimizer.set_learning_rate(file.lr)?;
+    if let Some(lrs) = file.group_lrs {
+        optimizer.set_group_learning_rates(&lrs)?;
+    }
+    if let (Some(s), Some((step, base))) = (scheduler, file.schedule) {
+        s.load_state(optimizer, step, &base)?;
+    }
+    Ok(())
+}
+
+/// An optimizer checkpoint read and checked against the optimizer
+/// (`read_optimizer_file`), ready to be written into it.
+struct OptimizerFile {
+    state: Vec<Vec<HostData>>,
+    step: u64,
+    lr: f64,
+    group_lrs: Option<Vec<f64>>,
+    /// The scheduler's step count and base rates, when one is restored.
+    schedule: Option<(u64, Vec<f64>)>,
+}
+
+/// Everything `load_optimizer` checks, before anything changes.
+fn read_optimizer_file(about: &About, with_scheduler: bool, bytes: &[u8]) -> Result<OptimizerFile> {
     const OP: &str = "checkpoint::load_optimizer_state";
     let file = parse(OP, bytes)?;
     let empty = HashMap::new();
@@ -249,17 +307,14 @@ fn load_optimizer<O: OptimizerState>(
         metadata.get(name).ok_or_else(|| Error::invalid(OP, format!("the checkpoint's metadata has no '{name}'")))
     };
     let kind = field("optimizer")?;
-    if kind != optimizer.kind() {
-        return Err(Error::invalid(
-            OP,
-            format!("the checkpoint holds {kind} state, the optimizer is {}", optimizer.kind()),
-        ));
+    if kind != about.kind {
+        return Err(Error::invalid(OP, format!("the checkpoint holds {kind} state, the optimizer is {}", about.kind)));
     }
     let step: u64 = field("step")?.parse().map_err(|_| Error::invalid(OP, "the metadata's 'step' is not a count"))?;
     // Every hyper-parameter the file records must be a finite number (only
     // lr is restored; a NaN anywhere means a corrupt or hostile file).
-    for (name, _) in optimizer.hyper_parameters() {
-        if let Some(text) = metadata.get(name) {
+    for (name, _) in &about.hyper {
+        if let Some(text) = metadata.get(*name) {
             match text.parse::<f64>() {
                 Ok(v) if v.is_finite() => {}
                 _ => {
@@ -275,15 +330,13 @@ fn load_optimizer<O: OptimizerState>(
     if !(lr.is_finite() && lr >= 0.0) {
         return Err(Error::invalid(OP, format!("the metadata's lr = {lr} is not a finite number >= 0")));
     }
-    let params = optimizer.params();
-    let slots = optimizer.slot_names();
     let mut expected = HashSet::new();
     let mut missing = Vec::new();
     let mut mismatched = Vec::new();
-    let mut state = Vec::with_capacity(params.len());
-    for (i, param) in params.iter().enumerate() {
-        let mut buffers = Vec::with_capacity(slots.len());
-        for slot in slots {
+    let mut state = Vec::with_capacity(about.params.len());
+    for (i, param) in about.params.iter().enumerate() {
+        let mut buffers = Vec::with_capacity(about.slots.len());
+        for slot in about.slots {
             let key = format!("optimizer.{i}.{slot}");
             match file.tensor(&key) {
                 None => missing.push(key.clone()),
@@ -313,32 +366,22 @@ fn load_optimizer<O: OptimizerState>(
         Some(text) => Some(split_numbers(OP, "group_lrs", text)?),
         None => None,
     };
-    let groups = optimizer.group_learning_rates().len();
+    let groups = about.group_lrs.len();
     if let Some(lrs) = group_lrs.as_ref().filter(|lrs| lrs.len() != groups) {
         return Err(Error::invalid(
             OP,
             format!("the file has {} parameter groups' learning rates, the optimizer {groups} groups", lrs.len()),
         ));
     }
-    optimizer.write_state(&state)?;
-    optimizer.set_step_count(step);
-    let schedule_state = match scheduler.as_ref() {
-        None => None,
-        Some(_) => {
-            let step: u64 = field("scheduler.step")?
-                .parse()
-                .map_err(|_| Error::invalid(OP, "the metadata's 'scheduler.step' is not a count"))?;
-            Some((step, split_numbers(OP, "scheduler.base_lrs", field("scheduler.base_lrs")?)?))
-        }
+    let schedule = if with_scheduler {
+        let step: u64 = field("scheduler.step")?
+            .parse()
+            .map_err(|_| Error::invalid(OP, "the metadata's 'scheduler.step' is not a count"))?;
+        Some((step, split_numbers(OP, "scheduler.base_lrs", field("scheduler.base_lrs")?)?))
+    } else {
+        None
     };
-    optimizer.set_learning_rate(lr)?;
-    if let Some(lrs) = group_lrs {
-        optimizer.set_group_learning_rates(&lrs)?;
-    }
-    if let (Some(s), Some((step, base))) = (scheduler, schedule_state) {
-        s.load_state(optimizer, step, &base)?;
-    }
-    Ok(())
+    Ok(OptimizerFile { state, step, lr, group_lrs, schedule })
 }
 
 /// The string metadata of a safetensors file's bytes.

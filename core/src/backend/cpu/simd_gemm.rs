@@ -1,10 +1,13 @@
 //! f32 GEMM with wasm's 128-bit SIMD, for the browser build: 4×8 register
 //! tiles (eight f32x4 accumulators, two vectors of b and one broadcast
-//! element of a per step: 11 of the 15 SIMD registers V8 allocates on x64,
-//! so nothing spills), operands packed into panels read front to back.
-//! It replaces the `gemm` crate's wasm path, whose 12×4 tile needs 16
-//! registers (node --cpu-prof: its microkernel and packing took ~55 % of a
-//! W1 step).
+//! element of a per step: 11 vector registers, well inside x64's 16),
+//! operands packed into panels read front to back, whole panels packed by
+//! vector copies or 4×4 transposes. It replaces the `gemm` crate's wasm
+//! path (12×4 tiles): in Node (CPU time, load ~10) 1024³ 31.6–35.2 GFLOP/s
+//! against gemm's 21–26, W1's products 28–31 against 21–23; and gemm's
+//! code (its scalar fallback included) leaves the download: −11 KB gzipped.
+//! (A 6×8 tile measured the same as 4×8 while the inner loop was unrolled
+//! and spilled; not retried since.)
 //!
 //! Each output element is a sum over k in order, in blocks of `KC` started
 //! from the previous block's partial sum; no fused multiply-add (simd128 has
@@ -17,12 +20,13 @@ use crate::backend::checks::Mat;
 /// Rows × columns of one register tile.
 const MR: usize = 4;
 const NR: usize = 8;
-/// k per packed block: a KC×NR panel of b (8 KiB) stays in L1 while the
-/// tiles of a block of a stream past it.
-const KC: usize = 256;
-/// Rows of a per packed block (64 KiB with KC).
+/// k per packed block: a KC×NR panel of b (16 KiB) and a KC×MR panel of
+/// a (8 KiB) fit in L1 together (512 measured a little faster than 256 on
+/// 1024³ and W1, within the noise of the shared machine).
+const KC: usize = 512;
+/// Rows of a per packed block (128 KiB with KC).
 const MC: usize = 64;
-/// Columns of b per packed block (512 KiB with KC).
+/// Columns of b per packed block (1 MiB with KC).
 const NC: usize = 512;
 
 /// dst (row-major a.rows × b.cols, overwritten) = a × b; a and b are read
@@ -179,17 +183,19 @@ fn kernel(kc: usize, ap: &[f32], bp: &[f32], dst: &mut [f32], t: Tile, accumulat
     // tile sticks out of dst.
     let mut edge = [0.0f32; MR * NR];
     let full = t.rows == MR && t.cols == NR;
-    if accumulate {
+    if accumulate && !full {
         for r in 0..t.rows {
             edge[r * NR..][..t.cols].copy_from_slice(&dst[(t.i + r) * t.n + t.j..][..t.cols]);
         }
     }
-    let e = edge.as_ptr();
+    // Where the accumulators start from: a whole tile's rows in dst
+    // (stride n), else `edge` (stride NR).
+    let (e, es) = if accumulate && full { (dst[t.i * t.n + t.j..].as_ptr(), t.n) } else { (edge.as_ptr(), NR) };
     // SAFETY: every pointer below reads or writes inside a slice checked by
     // the asserts above: `edge` holds MR·NR floats (offsets < 32); a step
     // reads ap[p·MR .. p·MR + MR] and bp[p·NR .. p·NR + NR] for p < kc; the
-    // full-tile stores write dst[(t.i + r)·n + t.j ..][..NR] for r < MR,
-    // inside dst by the second assert with rows = MR, cols = NR.
+    // full-tile loads and stores touch dst[(t.i + r)·n + t.j ..][..NR] for
+    // r < MR, inside dst by the second assert with rows = MR, cols = NR.
     // v128_load/v128_store/v128_load32_splat need no alignment.
     unsafe {
         // Macros, not closures: nothing left for the size-first build to
@@ -199,8 +205,9 @@ fn kernel(kc: usize, ap: &[f32], bp: &[f32], dst: &mut [f32], t: Tile, accumulat
                 v128_load($p as *const v128)
             };
         }
-        let (mut c00, mut c01, mut c10, mut c11) = (ld!(e), ld!(e.add(4)), ld!(e.add(8)), ld!(e.add(12)));
-        let (mut c20, mut c21, mut c30, mut c31) = (ld!(e.add(16)), ld!(e.add(20)), ld!(e.add(24)), ld!(e.add(28)));
+        let (mut c00, mut c01, mut c10, mut c11) = (ld!(e), ld!(e.add(4)), ld!(e.add(es)), ld!(e.add(es + 4)));
+        let (mut c20, mut c21) = (ld!(e.add(2 * es)), ld!(e.add(2 * es + 4)));
+        let (mut c30, mut c31) = (ld!(e.add(3 * es)), ld!(e.add(3 * es + 4)));
         let (mut a, mut b) = (ap.as_ptr(), bp.as_ptr());
         // Step q: a's MR elements and b's NR elements q steps ahead.
         macro_rules! step {
@@ -221,17 +228,10 @@ fn kernel(kc: usize, ap: &[f32], bp: &[f32], dst: &mut [f32], t: Tile, accumulat
                 c31 = f32x4_add(c31, f32x4_mul(x, b1));
             }};
         }
-        // Four steps per iteration: a quarter of the loop's overhead (V8
-        // checks for interrupts at every back edge).
-        for _ in 0..kc / 4 {
-            step!(0);
-            step!(1);
-            step!(2);
-            step!(3);
-            a = a.add(4 * MR);
-            b = b.add(4 * NR);
-        }
-        for _ in 0..kc % 4 {
+        // One step per iteration: unrolled, LLVM hoisted every step's loads
+        // of b to the top of the body, and V8 then spilled accumulators to
+        // the stack inside the loop (seen with node --print-wasm-code).
+        for _ in 0..kc {
             step!(0);
             a = a.add(MR);
             b = b.add(NR);
