@@ -22,6 +22,7 @@ mod random;
 mod reduce;
 mod rowwise;
 mod scalar;
+mod simd;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd_gemm;
 mod update;

@@ -1,5 +1,7 @@
 //! Fused optimizer updates (SGD with momentum/Nesterov, Adam/AdamW), in place
-//! on the parameter and its state buffers, elementwise, PyTorch's formulas.
+//! on the parameter and its state buffers (or from the parameter's old buffer
+//! into a new one), elementwise, PyTorch's formulas, in wide vectors where
+//! the CPU has them (`simd`).
 
 use smallvec::SmallVec;
 
@@ -24,8 +26,8 @@ pub(super) fn update(
         let short = || Error::backend(OP, format!("a buffer is not {len} x {dtype}"));
         let p = T::of_mut(param).and_then(|s| s.get_mut(..len)).ok_or_else(short)?;
         let g = T::of(grad).and_then(|s| s.get(..len)).ok_or_else(short)?;
-        // Copy-on-write: the current value is read from `source`, each chunk
-        // copied just before it is updated (while it is in cache).
+        // Copy-on-write: the current value is read from `source` and the
+        // new one written to `p` in the same pass.
         let src = match source {
             Some(s) => Some(T::of(s).and_then(|s| s.get(..len)).ok_or_else(short)?),
             None => None,
@@ -37,34 +39,16 @@ pub(super) fn update(
         match *upd {
             ParamUpdate::Sgd { lr, momentum, dampening, weight_decay, nesterov } => {
                 let c = |v: f64| T::from_f64(v);
-                let (lr, mom, damp, wd) = (c(lr), c(momentum), c(1.0 - dampening), c(weight_decay));
-                let use_wd = weight_decay != 0.0;
-                if momentum == 0.0 {
-                    chunked(p, src, g, &mut [], move |p, g, _| {
-                        // Constants copied into locals, one loop per case:
-                        // the loops vectorise (see `adam_chunk`).
-                        let (lr, wd) = (lr, wd);
-                        if use_wd {
-                            for (p, &g) in p.iter_mut().zip(g) {
-                                *p -= lr * (g + wd * *p);
-                            }
-                        } else {
-                            for (p, &g) in p.iter_mut().zip(g) {
-                                *p -= lr * g;
-                            }
-                        }
-                    });
-                } else {
-                    chunked(p, src, g, &mut st[..1], move |p, g, s| {
-                        let (lr, mom, damp, wd) = (lr, mom, damp, wd);
-                        for ((p, &g), v) in p.iter_mut().zip(g).zip(s[0].iter_mut()) {
-                            let g = if use_wd { g + wd * *p } else { g };
-                            *v = mom * *v + damp * g;
-                            let g = if nesterov { g + mom * *v } else { *v };
-                            *p -= lr * g;
-                        }
-                    });
-                }
+                let k = SgdConsts { lr: c(lr), mom: c(momentum), damp: c(1.0 - dampening), wd: c(weight_decay) };
+                let (use_wd, use_mom) = (weight_decay != 0.0, momentum != 0.0);
+                let states = usize::from(use_mom);
+                chunked(p, src, g, &mut st[..states], move |p, src, g, s| {
+                    let v = s.first_mut().map(|v| &mut **v);
+                    super::simd::wide(
+                        #[inline(always)]
+                        || sgd_chunk(k, use_wd, nesterov, p, src, g, v),
+                    )
+                });
             }
             ParamUpdate::Adam { lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, step } => {
                 if step == 0 {
@@ -77,9 +61,13 @@ pub(super) fn update(
                 let (lr_t, eps, wd) = (c(lr), c(eps), c(weight_decay));
                 let decay = c(1.0 - lr * weight_decay);
                 let k = AdamConsts { b1, b2, nb1, nb2, bc1, bc2, lr: lr_t, eps, wd, decay };
-                chunked(p, src, g, &mut st[..2], move |p, g, s| {
+                chunked(p, src, g, &mut st[..2], move |p, src, g, s| {
                     let (ms, vs) = s.split_at_mut(1);
-                    T::adam(k, decoupled_weight_decay, p, g, &mut ms[0][..], &mut vs[0][..]);
+                    let (m, v) = (&mut ms[0][..], &mut vs[0][..]);
+                    super::simd::wide(
+                        #[inline(always)]
+                        || T::adam(k, decoupled_weight_decay, p, src, g, m, v),
+                    )
                 });
             }
         }
@@ -91,17 +79,24 @@ pub(super) fn update(
 trait UpdateFloat:
     Copy
     + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
     + std::ops::Mul<Output = Self>
     + std::ops::Div<Output = Self>
-    + std::ops::SubAssign
-    + std::ops::MulAssign
 {
     fn sqrt(self) -> Self;
 
     /// Adam on one chunk: `adam_chunk`, or a SIMD form of it.
     #[inline(always)]
-    fn adam(k: AdamConsts<Self>, decoupled: bool, p: &mut [Self], g: &[Self], m: &mut [Self], v: &mut [Self]) {
-        adam_chunk(k, decoupled, p, g, m, v)
+    fn adam(
+        k: AdamConsts<Self>,
+        decoupled: bool,
+        p: &mut [Self],
+        src: Option<&[Self]>,
+        g: &[Self],
+        m: &mut [Self],
+        v: &mut [Self],
+    ) {
+        adam_chunk(k, decoupled, p, src, g, m, v)
     }
 }
 impl UpdateFloat for f32 {
@@ -114,7 +109,20 @@ impl UpdateFloat for f32 {
     /// size-first wasm build does not vectorise `adam_chunk`'s loops, which
     /// took ~23 % of a W1 step there (node --cpu-prof).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    fn adam(k: AdamConsts<f32>, decoupled: bool, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    fn adam(
+        k: AdamConsts<f32>,
+        decoupled: bool,
+        p: &mut [f32],
+        src: Option<&[f32]>,
+        g: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+    ) {
+        // A copy-on-write update copies first, then updates in place.
+        if let Some(s) = src {
+            let n = p.len().min(s.len());
+            p[..n].copy_from_slice(&s[..n]);
+        }
         simd::adam_f32(k, decoupled, p, g, m, v)
     }
 }
@@ -122,6 +130,67 @@ impl UpdateFloat for f64 {
     #[inline(always)]
     fn sqrt(self) -> Self {
         f64::sqrt(self)
+    }
+}
+
+/// Each element of `p` becomes `f` of its current value, read from `src`
+/// when given (a copy-on-write update: the old value stays where a graph
+/// still reads it, the new one goes to a fresh buffer, in one pass with no
+/// copy) or from `p` itself, and of the element's index. One loop per case,
+/// so each vectorises.
+#[inline(always)]
+fn map_param<T: Copy>(p: &mut [T], src: Option<&[T]>, mut f: impl FnMut(usize, T) -> T) {
+    match src {
+        Some(s) => {
+            for (i, (p, &s)) in p.iter_mut().zip(s).enumerate() {
+                *p = f(i, s);
+            }
+        }
+        None => {
+            for (i, p) in p.iter_mut().enumerate() {
+                *p = f(i, *p);
+            }
+        }
+    }
+}
+
+/// SGD's per-step constants in the element type.
+#[derive(Clone, Copy)]
+struct SgdConsts<T> {
+    lr: T,
+    mom: T,
+    damp: T,
+    wd: T,
+}
+
+/// SGD (with momentum `v` when given) on one chunk, PyTorch's formulas. The
+/// choices are made once outside the loops (see `adam_chunk`).
+#[inline(always)]
+fn sgd_chunk<T: UpdateFloat>(
+    k: SgdConsts<T>,
+    use_wd: bool,
+    nesterov: bool,
+    p: &mut [T],
+    src: Option<&[T]>,
+    g: &[T],
+    v: Option<&mut [T]>,
+) {
+    let n = p.len().min(g.len()).min(src.map_or(usize::MAX, <[T]>::len));
+    let (p, g, src) = (&mut p[..n], &g[..n], src.map(|s| &s[..n]));
+    let SgdConsts { lr, mom, damp, wd } = k;
+    match (v, use_wd) {
+        (None, true) => map_param(p, src, |i, p| p - lr * (g[i] + wd * p)),
+        (None, false) => map_param(p, src, |i, p| p - lr * g[i]),
+        (Some(v), _) => {
+            let v = &mut v[..n];
+            let mut step = |i: usize, p: T| {
+                let g = if use_wd { g[i] + wd * p } else { g[i] };
+                v[i] = mom * v[i] + damp * g;
+                let g = if nesterov { g + mom * v[i] } else { v[i] };
+                p - lr * g
+            };
+            map_param(p, src, &mut step)
+        }
     }
 }
 
@@ -148,27 +217,31 @@ struct AdamConsts<T> {
 /// computed by the same operations in the same order either way, so the
 /// vector loops give the same bits as the scalar one.
 #[inline(always)]
-fn adam_chunk<T: UpdateFloat>(k: AdamConsts<T>, decoupled: bool, p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]) {
-    let n = p.len().min(g.len()).min(m.len()).min(v.len());
-    let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
+fn adam_chunk<T: UpdateFloat>(
+    k: AdamConsts<T>,
+    decoupled: bool,
+    p: &mut [T],
+    src: Option<&[T]>,
+    g: &[T],
+    m: &mut [T],
+    v: &mut [T],
+) {
+    let n = p.len().min(g.len()).min(m.len()).min(v.len()).min(src.map_or(usize::MAX, <[T]>::len));
+    let (p, g, m, v, src) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n], src.map(|s| &s[..n]));
     let AdamConsts { b1, b2, nb1, nb2, bc1, bc2, lr, eps, wd, decay } = k;
-    let step = |p: &mut T, g: T, m: &mut T, v: &mut T| {
+    // `p` is the weight after any decoupled decay, `g` the gradient after
+    // any L2 term.
+    let step = |m: &mut T, v: &mut T, p: T, g: T| {
         *m = b1 * *m + nb1 * g;
         *v = b2 * *v + nb2 * g * g;
         let mhat = *m / bc1;
         let vhat = *v / bc2;
-        *p -= lr * mhat / (vhat.sqrt() + eps);
+        p - lr * mhat / (vhat.sqrt() + eps)
     };
     if decoupled {
-        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-            *p *= decay;
-            step(p, g, m, v);
-        }
+        map_param(p, src, |i, p| step(&mut m[i], &mut v[i], p * decay, g[i]));
     } else {
-        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-            let g = g + wd * *p;
-            step(p, g, m, v);
-        }
+        map_param(p, src, |i, p| step(&mut m[i], &mut v[i], p, g[i] + wd * p));
     }
 }
 
@@ -219,19 +292,19 @@ mod simd {
                 v128_store(pi, f32x4_sub(pv, stepv));
             }
         }
-        adam_chunk(k, decoupled, &mut p[body..n], &g[body..n], &mut m[body..n], &mut v[body..n]);
+        adam_chunk(k, decoupled, &mut p[body..n], None, &g[body..n], &mut m[body..n], &mut v[body..n]);
     }
 }
 
-/// Run `f` on aligned chunks of the parameter, gradient and state slices,
-/// on rayon's threads when the parameter is large. With `src`, each chunk
-/// of `p` is first overwritten by the same chunk of `src`.
+/// Run `f` on aligned chunks of the parameter, its source (when given),
+/// gradient and state slices, on rayon's threads when the parameter is
+/// large.
 fn chunked<T: Copy + Send + Sync>(
     p: &mut [T],
     src: Option<&[T]>,
     g: &[T],
     st: &mut [&mut [T]],
-    f: impl Fn(&mut [T], &[T], &mut [&mut [T]]) + Sync + Send,
+    f: impl Fn(&mut [T], Option<&[T]>, &[T], &mut [&mut [T]]) + Sync + Send,
 ) {
     #[cfg(feature = "rayon")]
     if p.len() * 4 >= super::layout::PAR_THRESHOLD {
@@ -256,20 +329,12 @@ fn chunked<T: Copy + Send + Sync>(
                     *s = t;
                 }
                 (p, g) = (tp, tg);
-                scope.spawn(move |_| {
-                    if let Some(h) = hsrc {
-                        hp.copy_from_slice(h);
-                    }
-                    f(hp, hg, &mut hs)
-                });
+                scope.spawn(move |_| f(hp, hsrc, hg, &mut hs));
             }
         });
         return;
     }
-    if let Some(s) = src {
-        p.copy_from_slice(s);
-    }
-    f(p, g, st)
+    f(p, src, g, st)
 }
 
 #[cfg(test)]
@@ -369,6 +434,55 @@ mod tests {
                 assert_eq!(read(src), p0, "the source is left as it was");
                 assert!(be.update_param_from(&upd, dst, dst, g2, &st2, DType::F32, n).is_err());
                 assert_eq!(read(dst).len(), n, "buffers are back in the slab");
+            }
+        }
+    }
+
+    /// The loops run through `simd::wide` (AVX-512 or AVX2 where the CPU
+    /// has them) give the bits of the same loops at the build's baseline
+    /// width, in place and from a source, for every Adam and SGD variant.
+    #[test]
+    fn wide_loops_give_the_bits_of_baseline_loops() {
+        let n = 1_037;
+        let wave = |k: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * k).sin()).collect() };
+        let (p0, g0, m0) = (wave(0.37), wave(0.11), wave(0.05));
+        let v0: Vec<f32> = wave(0.07).iter().map(|x| x * x).collect();
+        let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+        let adam = AdamConsts {
+            b1: 0.9f32,
+            b2: 0.999,
+            nb1: 0.1,
+            nb2: 0.001,
+            bc1: 0.3,
+            bc2: 0.02,
+            lr: 1e-3,
+            eps: 1e-8,
+            wd: 0.01,
+            decay: 0.99999,
+        };
+        let sgd = SgdConsts { lr: 0.1f32, mom: 0.9, damp: 0.8, wd: 0.01 };
+        for from_src in [false, true] {
+            let src = from_src.then_some(&p0[..]);
+            // (p, m, v) after one update of each kind, baseline then wide.
+            let run = |wide: bool, case: usize| {
+                let (mut p, mut m, mut v) = (if from_src { vec![0.0; n] } else { p0.clone() }, m0.clone(), v0.clone());
+                let mut go = || match case {
+                    0 | 1 => adam_chunk(adam, case == 1, &mut p, src, &g0, &mut m, &mut v),
+                    2 | 3 => sgd_chunk(sgd, case == 3, false, &mut p, src, &g0, None),
+                    _ => sgd_chunk(sgd, true, case == 5, &mut p, src, &g0, Some(&mut v)),
+                };
+                if wide {
+                    super::super::simd::wide(
+                        #[inline(always)]
+                        || go(),
+                    )
+                } else {
+                    go()
+                }
+                [bits(&p), bits(&m), bits(&v)]
+            };
+            for case in 0..6 {
+                assert_eq!(run(false, case), run(true, case), "case {case}, from a source: {from_src}");
             }
         }
     }
