@@ -39,7 +39,9 @@ pub const BINARY: &str = wgsl_file!("shaders/binary.wgsl");
 pub const WHERE: &str = wgsl_file!("shaders/where.wgsl");
 pub const CAST: &str = wgsl_file!("shaders/cast.wgsl");
 pub const REDUCE: &str = wgsl_file!("shaders/reduce.wgsl");
+pub const MATMUL_COMMON: &str = wgsl_file!("shaders/matmul_common.wgsl");
 pub const MATMUL: &str = wgsl_file!("shaders/matmul.wgsl");
+pub const MATMUL_VEC4: &str = wgsl_file!("shaders/matmul_vec4.wgsl");
 pub const CHUNKS: &str = wgsl_file!("shaders/chunks.wgsl");
 pub const MOVEMENT: &str = wgsl_file!("shaders/movement.wgsl");
 pub const INDEX: &str = wgsl_file!("shaders/index.wgsl");
@@ -52,7 +54,7 @@ pub const TRIG: &str = wgsl_file!("shaders/trig.wgsl");
 pub const STRIDED: &str = wgsl_file!("shaders/strided.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 19] = [
+pub const FILES: [(&str, &str); 21] = [
     ("common.wgsl", COMMON),
     ("scalar.wgsl", SCALAR),
     ("fill.wgsl", FILL),
@@ -61,7 +63,9 @@ pub const FILES: [(&str, &str); 19] = [
     ("where.wgsl", WHERE),
     ("cast.wgsl", CAST),
     ("reduce.wgsl", REDUCE),
+    ("matmul_common.wgsl", MATMUL_COMMON),
     ("matmul.wgsl", MATMUL),
+    ("matmul_vec4.wgsl", MATMUL_VEC4),
     ("chunks.wgsl", CHUNKS),
     ("movement.wgsl", MOVEMENT),
     ("index.wgsl", INDEX),
@@ -123,6 +127,13 @@ pub enum Kernel {
     /// The reduction of the given input type.
     Reduce(ReduceOp, Ty),
     MatMul,
+    /// matmul_vec4.wgsl with the generated entry point for A and B read
+    /// transposed or not (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    MatMulVec4 {
+        ta: bool,
+        tb: bool,
+    },
     /// chunks.wgsl: the chunk products of a long MatMul summed.
     Chunks,
     /// The strided word copy (movement.wgsl).
@@ -222,7 +233,11 @@ impl Kernel {
                 ],
             ),
             Kernel::Reduce(op, t) => reduce(op, t)?,
-            Kernel::MatMul => MATMUL.to_string(),
+            Kernel::MatMul => format!("{MATMUL_COMMON}\n{MATMUL}"),
+            #[cfg(not(target_arch = "wasm32"))]
+            Kernel::MatMulVec4 { ta, tb } => {
+                format!("{MATMUL_COMMON}\n{MATMUL_VEC4}\n{}", crate::kernels::matmul_vec4::entry(ta, tb))
+            }
             Kernel::Chunks => CHUNKS.to_string(),
             Kernel::Copy => format!("{STRIDED}\n{MOVEMENT}"),
             Kernel::Index(t) => specialise(INDEX, &[alias("T", t)]),
@@ -469,6 +484,10 @@ pub fn all_kernels() -> Vec<Kernel> {
         Kernel::Random,
         Kernel::Rowwise,
     ];
+    #[cfg(not(target_arch = "wasm32"))]
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        v.push(Kernel::MatMulVec4 { ta, tb });
+    }
     for t in Ty::ALL {
         v.push(Kernel::Window(t));
         v.push(Kernel::Fill(t));
@@ -507,6 +526,7 @@ pub(crate) fn as_written(name: &str, text: &str) -> String {
         "unary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{text}"),
         "binary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{STRIDED}\n{text}"),
         "where.wgsl" | "movement.wgsl" => format!("{COMMON}\n{STRIDED}\n{text}"),
+        "matmul.wgsl" | "matmul_vec4.wgsl" => format!("{COMMON}\n{MATMUL_COMMON}\n{text}"),
         _ => format!("{COMMON}\n{text}"),
     }
 }
@@ -670,11 +690,12 @@ mod tests {
         // fill, where, index x 3 types; 9 casts; the unary and binary ops
         // the table gives an f32 or i32 kernel (every op with one must have
         // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
-        // copy, update; window x 2 types (f32, i32); pool, random, rowwise.
+        // copy, update; window x 2 types (f32, i32); pool, random, rowwise;
+        // the vec4 matmul's 4 operand layouts.
         let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
         let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
             + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 3, "{kernels:?}");
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 3 + 4, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);
@@ -686,7 +707,8 @@ mod tests {
     }
 
     /// Every entry point of every variant runs WG threads per workgroup (the
-    /// host's dispatch arithmetic assumes it), and no entry point takes a
+    /// host's dispatch arithmetic assumes it; the vec4 matmul's 32, which its
+    /// host grid counts in tiles of 8 x 4 threads), and no entry point takes a
     /// struct that mixes per-thread builtins into per-workgroup ones:
     /// browsers' WGSL compilers (Tint) then treat the whole struct as
     /// per-thread, and a kernel that branches on its workgroup number
@@ -699,7 +721,8 @@ mod tests {
             let module = naga::front::wgsl::parse_str(&src).unwrap();
             for e in &module.entry_points {
                 let [x, y, z] = e.workgroup_size;
-                assert_eq!(x * y * z, WG, "{k:?}::{} has workgroup size {x} x {y} x {z}", e.name);
+                let want = if matches!(k, Kernel::MatMulVec4 { .. }) { 32 } else { WG };
+                assert_eq!(x * y * z, want, "{k:?}::{} has workgroup size {x} x {y} x {z}", e.name);
                 for arg in &e.function.arguments {
                     if let naga::TypeInner::Struct { members, .. } = &module.types[arg.ty].inner {
                         for m in members {

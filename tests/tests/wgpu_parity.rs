@@ -404,12 +404,14 @@ fn product<'g>(
 /// Each of matmul.wgsl's kernels, forced for every product, against the
 /// CPU: ragged edges of both tiles (130 x 135), matrix-vector products
 /// both ways, broadcast batches (a B shared by every batch folded into M),
-/// transposed operands and a K split into chunks (1100 > K_CHUNK). The kernels sum in one order, so they also agree
+/// transposed operands and a K split into chunks (1100 > K_CHUNK); natively
+/// also matmul_vec4.wgsl's kernels, forced where they take the product
+/// (sizes multiples of 4, in all four layouts). The kernels sum in one order, so they also agree
 /// with each other exactly (== also equates the zeros the tiles' padding may
 /// sign differently).
 #[test]
 fn every_matmul_kernel_matches_the_cpu_and_the_others() {
-    let shapes: [(&[usize], &[usize], bool, bool); 10] = [
+    let shapes: [(&[usize], &[usize], bool, bool); 17] = [
         (&[130, 20], &[20, 135], false, false),
         (&[20, 130], &[135, 20], true, true),
         (&[1, 300], &[300, 70], false, false),
@@ -422,6 +424,16 @@ fn every_matmul_kernel_matches_the_cpu_and_the_others() {
         (&[2, 3, 20, 17], &[17, 30], false, false),
         (&[3, 5, 1100], &[7, 1100], false, true),
         (&[4, 17, 20], &[17, 30], true, false),
+        // Aligned operands (the vec4 kernels' products) in all four layouts,
+        // over the edges of their 32 x 128 tile, batched with broadcast,
+        // folded, and with a chunked K.
+        (&[36, 20], &[20, 132], false, false),
+        (&[20, 36], &[20, 132], true, false),
+        (&[36, 20], &[132, 20], false, true),
+        (&[20, 36], &[132, 20], true, true),
+        (&[3, 1, 12, 16], &[2, 16, 68], false, false),
+        (&[2, 3, 20, 16], &[16, 28], false, false),
+        (&[8, 1100], &[12, 1100], false, true),
     ];
     let mut first: Vec<Vec<f32>> = Vec::new();
     for kernel in kiln_wgsl::MatMulKernel::ALL {

@@ -184,7 +184,7 @@ impl Products<'_, '_> {
             let n = (self.batches - batch).min(per_dispatch);
             params.first_batch = word(OP, batch)?;
             let z = word(OP, n * count)?;
-            self.be.launch(OP, Kernel::MatMul, self.kernel.entry(), &args, words(&params), [gx, gy, z])?;
+            self.be.launch(OP, self.kernel.shader(&params), self.kernel.entry(), &args, words(&params), [gx, gy, z])?;
             batch += n;
         }
         Ok(())

@@ -7,6 +7,10 @@
 //! the GPU inside a launch, so the class's fixed rule decides there, as it
 //! does natively with `KILN_MATMUL_TUNE=0`.
 //!
+//! Natively the vec4 kernels (matmul_vec4.wgsl) are a candidate for
+//! products whose operands they can read as aligned vec4s (a class of their
+//! own).
+//!
 //! Every kernel sums each output in the same order (matmul.wgsl), so the
 //! choice changes the speed, not the bits.
 
@@ -17,8 +21,9 @@ use std::time::Instant;
 
 use kiln_core::{Error, Result};
 
-use crate::params::MatMul;
 #[cfg(not(target_arch = "wasm32"))]
+use super::matmul_vec4;
+use crate::params::MatMul;
 use crate::shaders::Kernel;
 use crate::shaders::WG;
 use crate::WgpuBackend;
@@ -32,16 +37,50 @@ pub enum MatMulKernel {
     Tile64,
     /// One output per thread, no workgroup memory (tiny M or N).
     Skinny,
+    /// 8 x 16 outputs per thread read straight from aligned vec4 operands
+    /// (matmul_vec4.wgsl; native only, for products it `takes`).
+    #[cfg(not(target_arch = "wasm32"))]
+    Vec4,
 }
 
 impl MatMulKernel {
+    #[cfg(target_arch = "wasm32")]
     pub const ALL: [MatMulKernel; 3] = [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny];
+    #[cfg(not(target_arch = "wasm32"))]
+    pub const ALL: [MatMulKernel; 4] =
+        [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4];
 
     pub fn entry(self) -> &'static str {
         match self {
             MatMulKernel::Tile128 => "tile128",
             MatMulKernel::Tile64 => "tile64",
             MatMulKernel::Skinny => "skinny",
+            #[cfg(not(target_arch = "wasm32"))]
+            MatMulKernel::Vec4 => "main",
+        }
+    }
+
+    /// The shader module holding this kernel for a product with parameters `p`.
+    pub(crate) fn shader(self, p: &MatMul) -> Kernel {
+        let _ = p;
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            MatMulKernel::Vec4 => {
+                let (ta, tb) = matmul_vec4::layout(p);
+                Kernel::MatMulVec4 { ta, tb }
+            }
+            _ => Kernel::MatMul,
+        }
+    }
+
+    /// Whether this kernel can run the product with parameters `p` (the
+    /// vec4 kernels need aligned operands; the others take any).
+    fn takes(self, p: &MatMul) -> bool {
+        let _ = p;
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            MatMulKernel::Vec4 => matmul_vec4::fits(p),
+            _ => true,
         }
     }
 
@@ -51,6 +90,8 @@ impl MatMulKernel {
             MatMulKernel::Tile128 => (n.div_ceil(128), m.div_ceil(128)),
             MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
             MatMulKernel::Skinny => ((m * n).div_ceil(WG as usize), 1),
+            #[cfg(not(target_arch = "wasm32"))]
+            MatMulKernel::Vec4 => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TILE_M)),
         }
     }
 
@@ -64,7 +105,8 @@ impl MatMulKernel {
 
 /// Products that should run alike: M, N and K as ceil(log2), capped at
 /// 2^13; whether there is more than one batch; whether A is read along its
-/// rows (a_col = 1) and B along its rows (b_col = 1).
+/// rows (a_col = 1) and B along its rows (b_col = 1); whether the vec4
+/// kernels take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct ShapeClass {
     m: u8,
@@ -73,6 +115,7 @@ struct ShapeClass {
     batched: bool,
     a_rows: bool,
     b_rows: bool,
+    vec4: bool,
 }
 
 fn log2_class(x: usize) -> u8 {
@@ -88,6 +131,7 @@ impl ShapeClass {
             batched: batches > 1,
             a_rows: p.a_col == 1,
             b_rows: p.b_col == 1,
+            vec4: vec4_takes(p),
         }
     }
 }
@@ -119,7 +163,7 @@ impl Tuner {
     pub fn choose(&self, be: &WgpuBackend, p: &MatMul, batches: usize) -> Result<MatMulKernel> {
         let (m, n) = (p.m as usize, p.n as usize);
         let max = be.ctx().limits.max_compute_workgroups_per_dimension.max(1) as usize;
-        if let Some(k) = self.forced.filter(|k| k.fits(m, n, max)) {
+        if let Some(k) = self.forced.filter(|k| k.fits(m, n, max) && k.takes(p)) {
             return Ok(k);
         }
         let class = ShapeClass::of(p, batches);
@@ -128,8 +172,10 @@ impl Tuner {
                 return Ok(k);
             }
         }
-        let candidates: Vec<MatMulKernel> =
-            candidates(m, n).into_iter().filter(|k| k.fits(m, n, max) && k.fits(m.min(512), n.min(512), max)).collect();
+        let candidates: Vec<MatMulKernel> = candidates(m, n, class.vec4)
+            .into_iter()
+            .filter(|k| k.fits(m, n, max) && k.fits(m.min(512), n.min(512), max))
+            .collect();
         let pick = match candidates.as_slice() {
             [] => {
                 return Err(Error::unsupported(
@@ -185,10 +231,22 @@ impl Tuner {
     }
 }
 
+/// Whether the vec4 kernels take the product with parameters `p` (never in
+/// the browser build, which has none).
+fn vec4_takes(p: &MatMul) -> bool {
+    #[cfg(not(target_arch = "wasm32"))]
+    return matmul_vec4::fits(p);
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = p;
+        false
+    }
+}
+
 /// The kernels worth trying for an m x n product: the skinny kernel only
 /// when M or N is small, the 128 tile only when it would not be mostly
-/// padding.
-fn candidates(m: usize, n: usize) -> Vec<MatMulKernel> {
+/// padding, the vec4 kernel (natively) when it takes the product (`vec4`).
+fn candidates(m: usize, n: usize, vec4: bool) -> Vec<MatMulKernel> {
     let mut v = Vec::new();
     if m.max(n) > 64 {
         v.push(MatMulKernel::Tile128);
@@ -197,6 +255,11 @@ fn candidates(m: usize, n: usize) -> Vec<MatMulKernel> {
     if m.min(n) <= 32 {
         v.push(MatMulKernel::Skinny);
     }
+    #[cfg(not(target_arch = "wasm32"))]
+    if vec4 {
+        v.push(MatMulKernel::Vec4);
+    }
+    let _ = vec4;
     v
 }
 
@@ -212,6 +275,13 @@ fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel]) -> MatMulKern
     // (A tiny K with both sides large leaves the skinny kernel out of the
     // candidates; then the tile the product fills decides.)
     let skinny = (m.min(n) <= 16 || k <= 16) && candidates.contains(&MatMulKernel::Skinny);
+    // The vec4 kernel where it takes the product (measured on lavapipe:
+    // 1.5-2.3x the 128 tile at 128 x 784 x 512 and 1024^3, in all four
+    // operand layouts).
+    #[cfg(not(target_arch = "wasm32"))]
+    if !skinny && candidates.contains(&MatMulKernel::Vec4) {
+        return MatMulKernel::Vec4;
+    }
     let want = if skinny {
         MatMulKernel::Skinny
     } else if m.min(n) >= 96 && m.max(n) >= 128 {
@@ -294,7 +364,7 @@ impl Trial {
     /// Seconds from submitting one run of `kernel` to its completion.
     fn run(&self, be: &WgpuBackend, kernel: MatMulKernel) -> Result<f64> {
         const OP: &str = "MatMul";
-        let pipeline = be.pipeline(OP, Kernel::MatMul, kernel.entry())?;
+        let pipeline = be.pipeline(OP, kernel.shader(&self.params), kernel.entry())?;
         let ctx = be.ctx();
         fn entry(binding: u32, buffer: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
             wgpu::BindGroupEntry { binding, resource: buffer.as_entire_binding() }
@@ -330,7 +400,9 @@ mod tests {
     #[test]
     fn classes_round_up_to_powers_of_two() {
         let p = |m, n, k, a_col, b_col| MatMul { m, n, k, a_col, b_col, ..MatMul::default() };
-        assert_eq!(ShapeClass::of(&p(1000, 1024, 513, 1, 1), 1), ShapeClass::of(&p(513, 700, 1024, 1, 1), 1));
+        assert_eq!(ShapeClass::of(&p(1000, 1024, 516, 1, 1), 1), ShapeClass::of(&p(516, 700, 1024, 1, 1), 1));
+        // Operands the vec4 kernels cannot read (K = 513) are a class apart.
+        assert_ne!(ShapeClass::of(&p(1000, 1024, 513, 1, 1), 1), ShapeClass::of(&p(1000, 1024, 516, 1, 1), 1));
         assert_ne!(ShapeClass::of(&p(1024, 1024, 1024, 1, 1), 1), ShapeClass::of(&p(1025, 1024, 1024, 1, 1), 1));
         assert_ne!(ShapeClass::of(&p(64, 64, 64, 1, 1), 1), ShapeClass::of(&p(64, 64, 64, 64, 1), 1));
         assert_ne!(ShapeClass::of(&p(64, 64, 64, 1, 1), 1), ShapeClass::of(&p(64, 64, 64, 1, 1), 2));
@@ -340,14 +412,14 @@ mod tests {
 
     #[test]
     fn the_rule_prefers_threads_per_output_for_vectors_and_big_tiles_for_big_products() {
-        let pick = |m, n, k| rule(m, n, k, &candidates(m, n));
+        let pick = |m, n, k| rule(m, n, k, &candidates(m, n, false));
         use MatMulKernel::*;
         assert_eq!(pick(1, 4096, 64), Skinny);
         assert_eq!(pick(4096, 1, 64), Skinny);
         assert_eq!(pick(1024, 1024, 1024), Tile128);
         assert_eq!(pick(32, 32, 32), Tile64);
-        assert!(!candidates(64, 64).contains(&Tile128));
-        assert!(!candidates(64, 64).contains(&Skinny));
+        assert!(!candidates(64, 64, false).contains(&Tile128));
+        assert!(!candidates(64, 64, false).contains(&Skinny));
         // The tuner's picks on lavapipe for the products of W1, W2 and W4.
         for (m, n, k, want) in [
             (10, 128, 64, Skinny),

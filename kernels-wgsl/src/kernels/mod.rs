@@ -10,6 +10,8 @@ pub(crate) mod fused;
 pub(crate) mod index;
 pub(crate) mod matmul;
 pub(crate) mod matmul_tune;
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) mod matmul_vec4;
 pub(crate) mod movement;
 pub(crate) mod pool;
 pub(crate) mod random;

@@ -1,6 +1,7 @@
 // matmul.wgsl — batched matrix product out[b] = A[b] x B[b] over the last two
 // axes, batch axes broadcast, either operand read transposed through strides.
 //
+// After matmul_common.wgsl (the parameters, the output, jobs, store4).
 // Bindings: 0 params: MatMul, 1 a: array<f32> (read), 2 b: array<f32>
 // (read), 3 out: array<f32> (read_write, contiguous [batch..., M, N]).
 // Params: m, n, k; the row and column strides of a and b (of the logical,
@@ -40,29 +41,8 @@
 // with each other (the tiles add zeros for k past the chunk's end, which
 // leaves a sum unchanged except for the sign of an all-zero sum).
 
-struct MatMul {
-    m: u32,
-    n: u32,
-    k: u32,
-    a_row: u32,
-    a_col: u32,
-    b_row: u32,
-    b_col: u32,
-    batch_rank: u32,
-    batch_dims: array<u32, MAX_DIMS>,
-    a_batch: array<u32, MAX_DIMS>,
-    b_batch: array<u32, MAX_DIMS>,
-    first_batch: u32,
-    chunk: u32,
-    first_chunk: u32,
-    chunks: u32,
-    chunk_stride: u32,
-}
-
-@group(0) @binding(0) var<storage, read> params: MatMul;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 // k values per slab staged in workgroup memory.
 const KT: u32 = 16u;
@@ -75,34 +55,6 @@ const SLOTS: u32 = 32u;
 // guaranteed workgroup storage).
 var<workgroup> slab_a: array<array<vec4<f32>, SLOTS>, KT>;
 var<workgroup> slab_b: array<array<vec4<f32>, SLOTS>, KT>;
-
-// What a workgroup (or a skinny thread) works on: its batch's offsets into
-// a and b, its output's offset, and its chunk's k range.
-struct Job {
-    oa: u32,
-    ob: u32,
-    out: u32,
-    k_begin: u32,
-    k_end: u32,
-}
-
-fn job_of(z: u32) -> Job {
-    let batch = params.first_batch + z / params.chunks;
-    let slot = z % params.chunks;
-    let k_begin = (params.first_chunk + slot) * params.chunk;
-    var rem = batch;
-    var oa = 0u;
-    var ob = 0u;
-    for (var d = params.batch_rank; d > 0u; d = d - 1u) {
-        let size = params.batch_dims[d - 1u];
-        let j = rem % size;
-        rem = rem / size;
-        oa += j * params.a_batch[d - 1u];
-        ob += j * params.b_batch[d - 1u];
-    }
-    let out_at = slot * params.chunk_stride + batch * params.m * params.n;
-    return Job(oa, ob, out_at, k_begin, min(k_begin + params.chunk, params.k));
-}
 
 // A[row][kk] of this job, 0 outside the matrix or the chunk.
 fn a_at(job: Job, row: u32, kk: u32) -> f32 {
@@ -128,27 +80,6 @@ fn a_rows(job: Job, row: u32, kk: u32) -> vec4<f32> {
 // Columns col .. col + 3 of B at kk, as one slab slot.
 fn b_cols(job: Job, kk: u32, col: u32) -> vec4<f32> {
     return vec4<f32>(b_at(job, kk, col), b_at(job, kk, col + 1u), b_at(job, kk, col + 2u), b_at(job, kk, col + 3u));
-}
-
-// Output row `row`, columns col .. col + 3, where they exist.
-fn store4(job: Job, row: u32, col: u32, v: vec4<f32>) {
-    let n = params.n;
-    if (row >= params.m) {
-        return;
-    }
-    let at = job.out + row * n + col;
-    if (col + 3u < n) {
-        out[at] = v.x;
-        out[at + 1u] = v.y;
-        out[at + 2u] = v.z;
-        out[at + 3u] = v.w;
-        return;
-    }
-    for (var j = 0u; j < 4u; j = j + 1u) {
-        if (col + j < n) {
-            out[at + j] = v[j];
-        }
-    }
 }
 
 @compute @workgroup_size(16, 16)
