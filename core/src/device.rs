@@ -119,9 +119,19 @@ fn dtype_index(dtype: DType) -> usize {
 }
 
 impl Device {
-    /// The CPU device (rayon-parallel where the `rayon` feature is on).
+    /// The CPU device (rayon-parallel where the `rayon` feature is on),
+    /// with the numerics the environment variable `KILN_CPU_NUMERICS` asks
+    /// for (`native`, the default, or `portable`: see `CpuNumerics`).
     pub fn cpu() -> Device {
         Device::from_backend(CpuBackend::new())
+    }
+
+    /// The CPU device with the given numerics: `CpuNumerics::Portable`
+    /// computes the browser (wasm) build's bits, so that training moves
+    /// between native and browser without changing a bit
+    /// (docs/portable-numerics.md).
+    pub fn cpu_with(numerics: crate::CpuNumerics) -> Device {
+        Device::from_backend(CpuBackend::with_numerics(numerics))
     }
 
     pub fn from_backend(backend: impl Backend + 'static) -> Device {

@@ -74,7 +74,8 @@ impl SplitMix64 {
     pub fn normal(&mut self) -> f64 {
         let u1 = 1.0 - self.next_f64();
         let u2 = self.next_f64();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+        // The libm crate's log and cos: the same bits on every target.
+        (-2.0 * libm::log(u1)).sqrt() * libm::cos(2.0 * std::f64::consts::PI * u2)
     }
 }
 

@@ -7,7 +7,7 @@ use kiln_wgsl::{list_adapters, parse_backends, AdapterSummary, WgpuBackend, Wgpu
 pub const DEVICE_ENV: &str = "KILN_DEVICE";
 
 /// Device names `from_name` accepts.
-pub const DEVICE_NAMES: &str = "best, cpu, wgpu, vulkan, metal, dx12, gl";
+pub const DEVICE_NAMES: &str = "best, cpu, cpu-portable, wgpu, vulkan, metal, dx12, gl";
 
 /// Device selection for native programs (`use kiln::prelude::*` brings it in).
 pub trait DeviceSelection: Sized {
@@ -16,7 +16,9 @@ pub trait DeviceSelection: Sized {
     /// rasterizer (e.g. Mesa's lavapipe) is not chosen automatically: kiln's
     /// own CPU backend is faster than a CPU pretending to be a GPU.
     fn best() -> Result<Self>;
-    /// "cpu", "wgpu" (any GPU API), "vulkan", "metal", "dx12", "gl", or "best".
+    /// "cpu", "cpu-portable" (the CPU in portable numerics: the browser
+    /// build's bits, see `CpuNumerics`), "wgpu" (any GPU API), "vulkan",
+    /// "metal", "dx12", "gl", or "best".
     fn from_name(name: &str) -> Result<Self>;
     /// A wgpu device with explicit options.
     fn wgpu(options: WgpuOptions) -> Result<Self>;
@@ -41,6 +43,7 @@ impl DeviceSelection for Device {
         match name.trim().to_ascii_lowercase().as_str() {
             "best" => Device::best(),
             "cpu" => Ok(Device::cpu()),
+            "cpu-portable" => Ok(Device::cpu_with(kiln_core::CpuNumerics::Portable)),
             "wgpu" | "gpu" => Device::wgpu(WgpuOptions::with_backends(kiln_wgsl::wgpu::Backends::all())),
             api => match parse_backends(api) {
                 Some(backends) => Device::wgpu(WgpuOptions::with_backends(backends)),

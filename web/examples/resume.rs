@@ -9,9 +9,13 @@
 //! loads those, writes them straight back (`fromjs10.*`, to show the
 //! transfer is exact), resumes them for steps 11–20 and writes `fromjs20.*`.
 //! Prints the losses as JSON (f32 values with 9 significant digits, enough
-//! to round-trip exactly).
+//! to round-trip exactly) and the device's name.
 //!
-//! cargo run --release -p kiln-web --example resume -- DIR
+//! The device is `Device::cpu()`: with `KILN_CPU_NUMERICS=portable` it
+//! computes the browser build's bits (`CpuNumerics::Portable`), which is how
+//! the tests get bit-identical resumes across native and wasm.
+//!
+//! KILN_CPU_NUMERICS=portable cargo run --release -p kiln-web --example resume -- DIR
 
 use std::path::Path;
 
@@ -90,6 +94,12 @@ fn main() -> kiln_core::Result<()> {
         save(dir, "fromjs20", &model, &adam)?;
         from_js = losses;
     }
-    println!("{{\"losses\":[{}],\"resumed\":[{}],\"fromJs\":[{}]}}", list(&losses), list(&resumed), list(&from_js));
+    println!(
+        "{{\"device\":\"{}\",\"losses\":[{}],\"resumed\":[{}],\"fromJs\":[{}]}}",
+        device.name(),
+        list(&losses),
+        list(&resumed),
+        list(&from_js)
+    );
     Ok(())
 }

@@ -138,9 +138,15 @@ pub(crate) fn input_gradients<'g>(
             // with a long contraction, instead of a batched product of short
             // ones and a Sum over the batch). Not in the browser build, whose
             // download budget it would exceed (the batched form gives the
-            // same values up to summation order).
+            // same values up to summation order), nor in portable numerics,
+            // which must sum in the browser build's order.
             let (ad, bd) = (a.dims(), b.dims());
-            if cfg!(not(target_arch = "wasm32")) && !ta && bd.len() == 2 && ad.len() > 2 && needs.get(1) == Some(&true)
+            if cfg!(not(target_arch = "wasm32"))
+                && !ta
+                && bd.len() == 2
+                && ad.len() > 2
+                && needs.get(1) == Some(&true)
+                && !a.graph().device().backend().portable_numerics()
             {
                 // Rows of a and g: the batch axes times M.
                 let rows: usize = ad[..ad.len() - 1].iter().product();

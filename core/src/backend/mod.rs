@@ -178,6 +178,12 @@ pub trait Backend {
     fn run_many(&self, calls: &[KernelCall<'_>]) -> Vec<Result<()>> {
         calls.iter().map(|c| self.run(c)).collect()
     }
+    /// Whether this backend computes with portable numerics (the CPU's
+    /// `CpuNumerics::Portable`: the browser build's bits on every target).
+    /// Autograd then uses the rules the browser build uses.
+    fn portable_numerics(&self) -> bool {
+        false
+    }
     /// Whether this backend runs fused element-wise groups (`run_fused`).
     fn fuses(&self) -> bool {
         false

@@ -84,6 +84,18 @@ pub trait Value: Copy + PartialOrd + Send + Sync + 'static {
     fn is_true(self) -> bool;
     fn unary(op: UnaryOp, x: Self) -> Self;
     fn binary(op: BinaryOp, a: Self, b: Self) -> Self;
+    /// `unary` with the portable library functions (`math::portable`):
+    /// the same bits on every target. Natively only the CPU backend's
+    /// portable numerics call it; in the browser build `unary` is this.
+    #[inline(always)]
+    fn unary_portable(op: UnaryOp, x: Self) -> Self {
+        Self::unary(op, x)
+    }
+    /// `binary` with the portable library functions (Pow).
+    #[inline(always)]
+    fn binary_portable(op: BinaryOp, a: Self, b: Self) -> Self {
+        Self::binary(op, a, b)
+    }
     /// IEEE comparisons: every ordered comparison with NaN is false and
     /// NotEqual is true for NaN.
     #[inline(always)]
@@ -134,8 +146,172 @@ fn pick<T: PartialOrd + Copy>(a: T, b: T, keep_a: impl Fn(T, T) -> bool) -> T {
     }
 }
 
+/// The transcendental functions the per-element definitions call, by where
+/// they come from. `portable`: the `libm` crate's, the same Rust code (plain
+/// IEEE arithmetic, no fused multiply-add) compiled for every target, so the
+/// same bits natively and in the browser. `host`: natively std's, which call
+/// the platform's C math library (glibc's, faster, whose last bit may differ
+/// from libm's); in the browser build they are the portable ones. kiln's own
+/// f32 exp and erf (op/exp.rs, op/erf.rs) are plain arithmetic: both sets
+/// use them. The CPU backend's portable numerics (`CpuNumerics::Portable`)
+/// evaluate with `portable` (`Value::unary_portable`).
+pub(crate) mod math {
+    pub(crate) mod portable {
+        pub(crate) mod single {
+            pub(crate) use crate::op::erf::erf_f32 as erf;
+            pub(crate) use crate::op::exp::exp_f32 as exp;
+            pub(crate) use libm::{cosf as cos, erfcf as erfc, expm1f as expm1, log1pf as log1p, logf as ln};
+            pub(crate) use libm::{powf as pow, sinf as sin, tanhf as tanh};
+        }
+        pub(crate) mod double {
+            pub(crate) use libm::{cos, erf, erfc, exp, expm1, log as ln, log1p, pow, sin, tanh};
+        }
+    }
+    #[cfg(target_arch = "wasm32")]
+    pub(crate) use portable as host;
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) mod host {
+        pub(crate) mod single {
+            pub(crate) use super::super::portable::single::{erf, erfc, exp, expm1, log1p};
+            #[inline(always)]
+            pub fn ln(x: f32) -> f32 {
+                x.ln()
+            }
+            #[inline(always)]
+            pub fn sin(x: f32) -> f32 {
+                x.sin()
+            }
+            #[inline(always)]
+            pub fn cos(x: f32) -> f32 {
+                x.cos()
+            }
+            #[inline(always)]
+            pub fn tanh(x: f32) -> f32 {
+                x.tanh()
+            }
+            #[inline(always)]
+            pub fn pow(a: f32, b: f32) -> f32 {
+                a.powf(b)
+            }
+        }
+        pub(crate) mod double {
+            pub(crate) use super::super::portable::double::{erf, erfc, expm1, log1p};
+            #[inline(always)]
+            pub fn exp(x: f64) -> f64 {
+                x.exp()
+            }
+            #[inline(always)]
+            pub fn ln(x: f64) -> f64 {
+                x.ln()
+            }
+            #[inline(always)]
+            pub fn sin(x: f64) -> f64 {
+                x.sin()
+            }
+            #[inline(always)]
+            pub fn cos(x: f64) -> f64 {
+                x.cos()
+            }
+            #[inline(always)]
+            pub fn tanh(x: f64) -> f64 {
+                x.tanh()
+            }
+            #[inline(always)]
+            pub fn pow(a: f64, b: f64) -> f64 {
+                a.powf(b)
+            }
+        }
+    }
+}
+
+/// A float unary op's value, with the library functions of module `$m`
+/// (`math::host::single`, ...).
+macro_rules! float_unary {
+    ($t:ty, $op:expr, $x:expr, $($m:ident)::+) => {{
+        let x: $t = $x;
+        match $op {
+            UnaryOp::Neg => -x,
+            UnaryOp::Abs => x.abs(),
+            UnaryOp::Exp => $($m)::+::exp(x),
+            UnaryOp::Log => $($m)::+::ln(x),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Recip => 1.0 / x,
+            UnaryOp::Sin => $($m)::+::sin(x),
+            UnaryOp::Cos => $($m)::+::cos(x),
+            UnaryOp::Tanh => $($m)::+::tanh(x),
+            // Two forms, so that neither overflows to inf/inf.
+            UnaryOp::Sigmoid => {
+                if x >= 0.0 {
+                    1.0 / (1.0 + $($m)::+::exp(-x))
+                } else {
+                    let e = $($m)::+::exp(x);
+                    e / (1.0 + e)
+                }
+            }
+            // NaN < 0 is false, so NaN passes through.
+            UnaryOp::Relu => {
+                if x < 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
+            UnaryOp::Erf => $($m)::+::erf(x),
+            UnaryOp::Erfc => $($m)::+::erfc(x),
+            // 0, -0 and NaN stay.
+            UnaryOp::Sign => {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }
+            }
+            UnaryOp::Log1p => $($m)::+::log1p(x),
+            UnaryOp::Expm1 => $($m)::+::expm1(x),
+            // GELU and its derivative: the op table's expressions
+            // (GELU, GELU_DERIVATIVE there), the same operations in
+            // the same order, written out so that the loops calling
+            // them vectorise instead of walking the expression tree
+            // per element (`every_element_wise_op_evaluates` checks
+            // that both agree bit for bit).
+            UnaryOp::Gelu => {
+                let two_phi = $($m)::+::erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t) + 1.0;
+                (two_phi * x) * 0.5
+            }
+            UnaryOp::GeluDerivative => {
+                let two_phi = $($m)::+::erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t) + 1.0;
+                let density = $($m)::+::exp((x * x) * -0.5) * super::FRAC_1_SQRT_2PI as $t;
+                two_phi * 0.5 + x * density
+            }
+            // Ops the table composes from the ones above (their
+            // expressions use no library function: see the test
+            // `composed_ops_use_no_library_function`).
+            #[allow(unreachable_patterns)]
+            op => composed_unary(op, x),
+        }
+    }};
+}
+
+/// A float binary op's value, with the library functions of module `$m`.
+macro_rules! float_binary {
+    ($op:expr, $a:expr, $b:expr, $($m:ident)::+) => {{
+        let (a, b) = ($a, $b);
+        match $op {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::Pow => $($m)::+::pow(a, b),
+            BinaryOp::Maximum => pick(a, b, |a, b| a >= b),
+            BinaryOp::Minimum => pick(a, b, |a, b| a <= b),
+        }
+    }};
+}
+
 macro_rules! float_value {
-    ($t:ty, $exp:path, $erf:path, $erfc:path, $log1p:path, $expm1:path) => {
+    ($t:ty, $width:ident) => {
         impl Value for $t {
             #[inline(always)]
             fn constant(c: f64) -> Self {
@@ -151,86 +327,25 @@ macro_rules! float_value {
             }
             #[inline(always)]
             fn unary(op: UnaryOp, x: Self) -> Self {
-                match op {
-                    UnaryOp::Neg => -x,
-                    UnaryOp::Abs => x.abs(),
-                    UnaryOp::Exp => $exp(x),
-                    UnaryOp::Log => x.ln(),
-                    UnaryOp::Sqrt => x.sqrt(),
-                    UnaryOp::Recip => 1.0 / x,
-                    UnaryOp::Sin => x.sin(),
-                    UnaryOp::Cos => x.cos(),
-                    UnaryOp::Tanh => x.tanh(),
-                    // Two forms, so that neither overflows to inf/inf.
-                    UnaryOp::Sigmoid => {
-                        if x >= 0.0 {
-                            1.0 / (1.0 + $exp(-x))
-                        } else {
-                            let e = $exp(x);
-                            e / (1.0 + e)
-                        }
-                    }
-                    // NaN < 0 is false, so NaN passes through.
-                    UnaryOp::Relu => {
-                        if x < 0.0 {
-                            0.0
-                        } else {
-                            x
-                        }
-                    }
-                    UnaryOp::Erf => $erf(x),
-                    UnaryOp::Erfc => $erfc(x),
-                    // 0, -0 and NaN stay.
-                    UnaryOp::Sign => {
-                        if x > 0.0 {
-                            1.0
-                        } else if x < 0.0 {
-                            -1.0
-                        } else {
-                            x
-                        }
-                    }
-                    UnaryOp::Log1p => $log1p(x),
-                    UnaryOp::Expm1 => $expm1(x),
-                    // GELU and its derivative: the op table's expressions
-                    // (GELU, GELU_DERIVATIVE there), the same operations in
-                    // the same order, written out so that the loops calling
-                    // them vectorise instead of walking the expression tree
-                    // per element (`every_element_wise_op_evaluates` checks
-                    // that both agree bit for bit).
-                    UnaryOp::Gelu => {
-                        let two_phi = $erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t) + 1.0;
-                        (two_phi * x) * 0.5
-                    }
-                    UnaryOp::GeluDerivative => {
-                        let two_phi = $erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t) + 1.0;
-                        let density = $exp((x * x) * -0.5) * super::FRAC_1_SQRT_2PI as $t;
-                        two_phi * 0.5 + x * density
-                    }
-                    // Ops the table composes from the ones above.
-                    #[allow(unreachable_patterns)]
-                    _ => composed_unary(op, x),
-                }
+                float_unary!($t, op, x, math::host::$width)
             }
             #[inline(always)]
             fn binary(op: BinaryOp, a: Self, b: Self) -> Self {
-                match op {
-                    BinaryOp::Add => a + b,
-                    BinaryOp::Sub => a - b,
-                    BinaryOp::Mul => a * b,
-                    BinaryOp::Div => a / b,
-                    BinaryOp::Pow => a.powf(b),
-                    BinaryOp::Maximum => pick(a, b, |a, b| a >= b),
-                    BinaryOp::Minimum => pick(a, b, |a, b| a <= b),
-                }
+                float_binary!(op, a, b, math::host::$width)
+            }
+            #[inline(always)]
+            fn unary_portable(op: UnaryOp, x: Self) -> Self {
+                float_unary!($t, op, x, math::portable::$width)
+            }
+            #[inline(always)]
+            fn binary_portable(op: BinaryOp, a: Self, b: Self) -> Self {
+                float_binary!(op, a, b, math::portable::$width)
             }
         }
     };
 }
-// f32 exp and erf: our branch-free versions (op/exp.rs, op/erf.rs), which
-// vectorise.
-float_value!(f32, super::exp::exp_f32, super::erf::erf_f32, libm::erfcf, libm::log1pf, libm::expm1f);
-float_value!(f64, f64::exp, libm::erf, libm::erfc, libm::log1p, libm::expm1);
+float_value!(f32, single);
+float_value!(f64, double);
 
 /// i32 arithmetic wraps. The ops the table refuses for i32 (Div, Pow and
 /// the transcendental functions) are never run on i32 by a kernel; they are
@@ -294,6 +409,57 @@ mod tests {
         assert!(f32::binary(BinaryOp::Minimum, 1.0, f32::NAN).is_nan());
         assert_eq!(f64::unary(UnaryOp::Log1p, 1e-20), 1e-20);
         assert_eq!(f64::unary(UnaryOp::Expm1, 1e-20), 1e-20);
+    }
+
+    /// Composed unary ops are evaluated through `Expr::eval`, i.e. with the
+    /// host library functions even in portable numerics: their expressions
+    /// must use only operations whose bits no library decides (Gelu and its
+    /// derivative are written out with the chosen library in `unary`).
+    #[test]
+    fn composed_ops_use_no_library_function() {
+        fn exact(e: &Expr) -> bool {
+            match *e {
+                Expr::Arg(_) | Expr::Const(_) => true,
+                Expr::Unary(op, a) => {
+                    matches!(
+                        op,
+                        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Recip | UnaryOp::Relu | UnaryOp::Sign
+                    ) && exact(a)
+                }
+                Expr::Binary(op, a, b) => op != BinaryOp::Pow && exact(a) && exact(b),
+                Expr::Compare(_, a, b) => exact(a) && exact(b),
+                Expr::Select(c, a, b) => exact(c) && exact(a) && exact(b),
+                Expr::Cast(a) => exact(a),
+            }
+        }
+        for op in UnaryOp::ALL {
+            let e = Op::Unary(op).info().elementwise.expect("unary ops are element-wise").expr;
+            let composed = e != Expr::Unary(op, arg(0));
+            if composed && !matches!(op, UnaryOp::Gelu | UnaryOp::GeluDerivative) {
+                assert!(exact(&e), "{} is composed with a library function", op.name());
+            }
+        }
+        for op in BinaryOp::ALL {
+            let e = Op::Binary(op).info().elementwise.expect("binary ops are element-wise").expr;
+            assert_eq!(e, Expr::Binary(op, arg(0), arg(1)), "{} is composed", op.name());
+        }
+    }
+
+    /// The portable functions are the libm crate's, natively too.
+    #[test]
+    fn portable_functions_are_libm() {
+        for x in [0.3f32, 1.7, 12.5, -2.25] {
+            assert_eq!(f32::unary_portable(UnaryOp::Log, x.abs()).to_bits(), libm::logf(x.abs()).to_bits());
+            assert_eq!(f32::unary_portable(UnaryOp::Tanh, x).to_bits(), libm::tanhf(x).to_bits());
+            assert_eq!(f32::unary_portable(UnaryOp::Sin, x).to_bits(), libm::sinf(x).to_bits());
+            assert_eq!(f32::binary_portable(BinaryOp::Pow, x.abs(), 1.3).to_bits(), libm::powf(x.abs(), 1.3).to_bits());
+            let y = f64::from(x);
+            assert_eq!(f64::unary_portable(UnaryOp::Exp, y).to_bits(), libm::exp(y).to_bits());
+            assert_eq!(f64::unary_portable(UnaryOp::Cos, y).to_bits(), libm::cos(y).to_bits());
+            // Ops no library decides are the same either way.
+            assert_eq!(f32::unary_portable(UnaryOp::Exp, x).to_bits(), f32::unary(UnaryOp::Exp, x).to_bits());
+            assert_eq!(f32::unary_portable(UnaryOp::Gelu, x).to_bits(), f32::unary(UnaryOp::Gelu, x).to_bits());
+        }
     }
 
     /// Every element-wise op of the table evaluates on every type its

@@ -69,11 +69,12 @@ pub(super) fn run_many(be: &CpuBackend, calls: &[KernelCall<'_>]) -> Vec<Result<
                 .ok_or_else(|| CpuBackend::missing(c.op.name(), c.output.buffer))
         })
         .collect();
+    let portable = be.portable;
     let results: Vec<Result<()>> = {
         let slab = &*slab;
         let run = |call: &KernelCall<'_>, storage: &mut Result<CpuStorage>| -> Result<()> {
             let storage = storage.as_mut().map_err(|e| e.clone())?;
-            CpuBackend::run_taken(slab, call, storage)
+            CpuBackend::run_taken(slab, call, storage, portable)
         };
         // One group of calls per thread, balanced by estimated work (the
         // largest first, each to the lightest group); this thread runs the

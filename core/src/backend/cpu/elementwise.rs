@@ -84,6 +84,55 @@ fn unary_as<const COMPACT: bool>(u: UnaryOp, [x]: &[In<'_>; 1], out: &mut Out<'_
     })
 }
 
+/// `unary` in portable numerics (`CpuNumerics::Portable`): the ops whose
+/// value a math library decides (log, sin, cos, tanh; exp and what uses it
+/// in f64) evaluate with the portable functions (`Value::unary_portable`,
+/// the op matched per element: these are dear anyway); the others are the
+/// same bits either way and run the usual loops.
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) fn unary_portable(u: UnaryOp, x: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+    use UnaryOp::*;
+    let by_library = match out.dtype {
+        DType::F32 => matches!(u, Log | Sin | Cos | Tanh),
+        DType::F64 => matches!(u, Exp | Log | Sin | Cos | Tanh | Sigmoid | GeluDerivative),
+        _ => false,
+    };
+    if !by_library {
+        return unary(u, x, out);
+    }
+    if x[0].numel() != out.numel() || x[0].dtype != out.dtype {
+        return Err(crate::error::Error::backend(u.name(), "input and output differ in size or dtype"));
+    }
+    let weight = elementwise(Op::Unary(u), out.dtype)?.cost as usize;
+    super::with_float!(out.dtype, u.name(), T => {
+        let (x, o) = (x[0].slice::<T>("Unary")?, out.slice::<T>("Unary")?);
+        map(x, o, weight, move |v| T::unary_portable(u, v));
+        Ok(())
+    })
+}
+
+/// `binary` in portable numerics: Pow with the portable function, the
+/// other ops as usual (no library decides their bits).
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) fn binary_portable(op: BinaryOp, ab: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+    let [a, b] = ab;
+    if op != BinaryOp::Pow || !matches!(out.dtype, DType::F32 | DType::F64) {
+        return binary(op, ab, out);
+    }
+    let name = op.name();
+    if a.dtype != out.dtype || b.dtype != out.dtype {
+        return Err(crate::error::Error::backend(name, "operand dtypes differ from the output's"));
+    }
+    let weight = elementwise(Op::Binary(op), out.dtype)?.cost as usize;
+    let od = out.dims;
+    super::with_float!(out.dtype, name, T => {
+        let (x, y) = ((a.slice::<T>(name)?, a.dims), (b.slice::<T>(name)?, b.dims));
+        zip::<false, _, _, _>(name, x, y, (out.slice::<T>(name)?, od), weight, |p: T, q: T| {
+            T::binary_portable(BinaryOp::Pow, p, q)
+        })
+    })
+}
+
 /// out = f(a, b) with a and b broadcast to the output dims.
 #[inline]
 fn zip<const COMPACT: bool, A: Scalar, B: Scalar, O: Scalar>(

@@ -16,7 +16,10 @@ const SMALL_GEMM_WORK: usize = 8 * 8 * 8;
 #[cfg(feature = "rayon")]
 pub(super) const PAR_GEMM_WORK: usize = 64 * 64 * 64;
 
-pub(super) fn matmul(ta: bool, tb: bool, [a, b]: &[In<'_>; 2], out: &mut Out<'_>) -> Result<()> {
+/// `portable`: `CpuNumerics::Portable`'s in-order sums (`portable_gemm`)
+/// instead of the gemm crate's (natively; false in the browser build, whose
+/// kernels are those sums already).
+pub(super) fn matmul(ta: bool, tb: bool, [a, b]: &[In<'_>; 2], out: &mut Out<'_>, portable: bool) -> Result<()> {
     const OP: &str = "MatMul";
     if a.dtype != out.dtype || b.dtype != out.dtype {
         return Err(Error::backend(OP, "operand dtypes differ from the output's"));
@@ -24,7 +27,7 @@ pub(super) fn matmul(ta: bool, tb: bool, [a, b]: &[In<'_>; 2], out: &mut Out<'_>
     let od = out.dims;
     with_float!(out.dtype, OP, T => {
         let (x, y) = (a.slice::<T>(OP)?, b.slice::<T>(OP)?);
-        batched::<T>(ta, tb, (x, a.dims), (y, b.dims), (out.slice::<T>(OP)?, od))
+        batched::<T>(ta, tb, (x, a.dims), (y, b.dims), (out.slice::<T>(OP)?, od), portable)
     })
 }
 
@@ -34,6 +37,7 @@ fn batched<T: Float>(
     (a, ad): (&[T], &[usize]),
     (b, bd): (&[T], &[usize]),
     (out, od): (&mut [T], &[usize]),
+    portable: bool,
 ) -> Result<()> {
     let g = MatMulGeometry::new(ta, tb, ad, bd, od)?;
     let (ma, mb, m, k, n) = (g.a, g.b, g.m, g.k, g.n);
@@ -50,7 +54,7 @@ fn batched<T: Float>(
     // one large GEMM instead of many small ones.
     if !ta && batches > 1 && sb.iter().all(|&s| s == 0) && a.len() == batches * m * k {
         let folded = Mat { rows: batches * m, ..ma };
-        return gemm_one(&folded, &mb, a, b, out, parallelism(work(&[batches, m, n, k])));
+        return gemm_one(&folded, &mb, a, b, out, parallelism(work(&[batches, m, n, k])), portable);
     }
     let mn = m * n;
     let offsets = |i: usize| {
@@ -73,13 +77,13 @@ fn batched<T: Float>(
         use rayon::prelude::*;
         return out.par_chunks_mut(mn).enumerate().try_for_each(|(i, o)| {
             let (oa, ob) = offsets(i);
-            gemm_one(&ma, &mb, &a[oa..], &b[ob..], o, Parallelism::None)
+            gemm_one(&ma, &mb, &a[oa..], &b[ob..], o, Parallelism::None, portable)
         });
     }
     let par = parallelism(work(&[mn, k]));
     for (i, o) in out.chunks_exact_mut(mn).enumerate() {
         let (oa, ob) = offsets(i);
-        gemm_one(&ma, &mb, &a[oa..], &b[ob..], o, par)?;
+        gemm_one(&ma, &mb, &a[oa..], &b[ob..], o, par, portable)?;
     }
     Ok(())
 }
@@ -105,10 +109,18 @@ fn parallelism(work: usize) -> Parallelism {
 const K_CHUNK: usize = 8 * super::reduce::LEAF;
 
 /// dst = a x b with K split into chunks combined by the summation rule.
-fn gemm_one<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par: Parallelism) -> Result<()> {
+fn gemm_one<T: Float>(
+    a: &Mat,
+    b: &Mat,
+    lhs: &[T],
+    rhs: &[T],
+    dst: &mut [T],
+    par: Parallelism,
+    portable: bool,
+) -> Result<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if k <= K_CHUNK || m == 0 || n == 0 {
-        return gemm_chunk::<COMPACT, T>(a, b, lhs, rhs, dst, par);
+        return gemm_chunk::<COMPACT, T>(a, b, lhs, rhs, dst, par, portable);
     }
     if b.rows != k || dst.len() != m * n || lhs.len() < a.span() || rhs.len() < b.span() {
         return Err(Error::backend("MatMul", "operand buffers are smaller than their shapes"));
@@ -125,14 +137,17 @@ fn gemm_one<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], par
         let mut part = crate::memory::try_vec("MatMul", m * n, T::ZERO)?;
         // Columns k0.. of a and rows k0.. of b: offsets by their strides.
         let (ac, bc) = (Mat { cols: kc, ..*a }, Mat { rows: kc, ..*b });
-        gemm_chunk::<COMPACT, T>(&ac, &bc, &lhs[k0 * a.cs..], &rhs[k0 * b.rs..], &mut part, par)?;
+        gemm_chunk::<COMPACT, T>(&ac, &bc, &lhs[k0 * a.cs..], &rhs[k0 * b.rs..], &mut part, par, portable)?;
         tree.push(part, &add);
     }
     dst.copy_from_slice(&tree.finish(&add).expect("k > 0"));
     Ok(())
 }
 
-/// dst (row-major a.rows x b.cols) = a x b, overwriting dst.
+/// dst (row-major a.rows x b.cols) = a x b, overwriting dst. In the
+/// browser build and in portable numerics each element is a sum over k in
+/// order from +0.0 without fused multiply-adds (the plain loop,
+/// `simd_gemm`, `portable_gemm`: the same bits).
 fn gemm_chunk<const COMPACT: bool, T: Float>(
     a: &Mat,
     b: &Mat,
@@ -140,6 +155,7 @@ fn gemm_chunk<const COMPACT: bool, T: Float>(
     rhs: &[T],
     dst: &mut [T],
     par: Parallelism,
+    portable: bool,
 ) -> Result<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if b.rows != k || dst.len() != m * n || lhs.len() < a.span() || rhs.len() < b.span() {
@@ -167,6 +183,12 @@ fn gemm_chunk<const COMPACT: bool, T: Float>(
     if T::own_gemm(a, b, lhs, rhs, dst) {
         return Ok(());
     }
+    #[cfg(not(target_arch = "wasm32"))]
+    if portable {
+        super::portable_gemm::gemm(a, b, lhs, rhs, dst, par);
+        return Ok(());
+    }
+    let _ = portable;
     let blocks = column_blocks(m, n, k);
     let width = n.div_ceil(blocks).next_multiple_of(16).min(n);
     gemm_blocks(a, b, lhs, rhs, dst, width, par);
@@ -440,9 +462,9 @@ mod tests {
                     let mut dst = vec![f64::NAN; m * n];
                     let run = |dst: &mut [f64], rhs: &[f64]| {
                         if compact {
-                            gemm_chunk::<true, f64>(&a, &b, &lhs, rhs, dst, Parallelism::None)
+                            gemm_chunk::<true, f64>(&a, &b, &lhs, rhs, dst, Parallelism::None, false)
                         } else {
-                            gemm_chunk::<false, f64>(&a, &b, &lhs, rhs, dst, Parallelism::None)
+                            gemm_chunk::<false, f64>(&a, &b, &lhs, rhs, dst, Parallelism::None, false)
                         }
                     };
                     run(&mut dst, &rhs).unwrap();

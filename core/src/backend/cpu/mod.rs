@@ -18,6 +18,8 @@ mod index;
 mod layout;
 mod matmul;
 mod movement;
+#[cfg(not(target_arch = "wasm32"))]
+mod portable_gemm;
 mod random;
 mod reduce;
 mod rowwise;
@@ -208,10 +210,60 @@ pub(crate) fn unsupported_dtype(op: &'static str, dtype: DType) -> Error {
     Error::unsupported(op, format!("the cpu backend has no {op} kernel for {dtype}"))
 }
 
+/// How the CPU backend's kernels round (see docs/portable-numerics.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CpuNumerics {
+    /// The fastest kernels this machine has: the `gemm` crate's matrix
+    /// products (fused multiply-add, its own blocking order), the platform's
+    /// math library (std: glibc's logf, ...), fused element-wise chains.
+    /// Deterministic run after run and at any thread count, but not the same
+    /// bits as the browser build. The native default.
+    #[default]
+    Native,
+    /// The browser (wasm) build's arithmetic, bit for bit: matrix products
+    /// sum each output over k in order, multiply then add (no fused
+    /// multiply-add); transcendental functions come from the `libm` crate;
+    /// element-wise chains run node by node; the MatMul weight gradient is
+    /// the batched rule. A checkpoint trained natively in this mode and one
+    /// trained in the browser on the CPU continue with the same bits.
+    /// Slower: see docs/portable-numerics.md. Always the mode of the
+    /// browser build.
+    Portable,
+}
+
+impl CpuNumerics {
+    /// The environment variable `CpuBackend::new` (and `Device::cpu`) reads:
+    /// `portable` or `native` (unset: native).
+    pub const ENV: &'static str = "KILN_CPU_NUMERICS";
+
+    /// `native` or `portable` (case-insensitive).
+    pub fn parse(name: &str) -> Result<CpuNumerics> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "native" => Ok(CpuNumerics::Native),
+            "portable" => Ok(CpuNumerics::Portable),
+            _ => {
+                Err(Error::invalid("CpuNumerics", format!("unknown CPU numerics '{name}'; use 'native' or 'portable'")))
+            }
+        }
+    }
+
+    /// The mode `KILN_CPU_NUMERICS` asks for (native when unset); an
+    /// unknown value is an error naming it.
+    pub fn from_env() -> Result<CpuNumerics> {
+        match std::env::var(Self::ENV) {
+            Ok(v) if !v.trim().is_empty() => Self::parse(&v)
+                .map_err(|e| Error::invalid("CpuNumerics", format!("{}={v}: {}", Self::ENV, e.message()))),
+            _ => Ok(CpuNumerics::Native),
+        }
+    }
+}
+
 /// The CPU device's buffers and kernels.
 pub struct CpuBackend {
     slab: RefCell<Vec<Option<CpuStorage>>>,
     free_ids: RefCell<Vec<u32>>,
+    /// Portable numerics (always in the browser build).
+    portable: bool,
     /// Fused kernels' plans by `FusedCall::plan_id`.
     #[cfg(feature = "fusion")]
     fused_plans: fused::PlanCache,
@@ -224,12 +276,41 @@ impl Default for CpuBackend {
 }
 
 impl CpuBackend {
+    /// The CPU backend with the numerics `KILN_CPU_NUMERICS` asks for
+    /// (`CpuNumerics::from_env`; native when unset). An unknown value is
+    /// reported on stderr and native numerics are used (`with_numerics`
+    /// after `CpuNumerics::from_env` gives the error instead). In the
+    /// browser build always portable.
     pub fn new() -> CpuBackend {
+        let numerics = if cfg!(target_arch = "wasm32") {
+            CpuNumerics::Portable
+        } else {
+            CpuNumerics::from_env().unwrap_or_else(|e| {
+                eprintln!("kiln: {} (using native numerics)", e.message());
+                CpuNumerics::Native
+            })
+        };
+        Self::with_numerics(numerics)
+    }
+
+    /// The CPU backend with the given numerics (the browser build is
+    /// always portable, whatever is asked).
+    pub fn with_numerics(numerics: CpuNumerics) -> CpuBackend {
         CpuBackend {
             slab: RefCell::new(Vec::new()),
             free_ids: RefCell::new(Vec::new()),
+            portable: cfg!(target_arch = "wasm32") || numerics == CpuNumerics::Portable,
             #[cfg(feature = "fusion")]
             fused_plans: fused::PlanCache::default(),
+        }
+    }
+
+    /// The numerics this backend computes with.
+    pub fn numerics(&self) -> CpuNumerics {
+        if self.portable {
+            CpuNumerics::Portable
+        } else {
+            CpuNumerics::Native
         }
     }
 
@@ -243,7 +324,12 @@ impl CpuBackend {
     /// Checks `call`'s buffers and runs its kernel into `out_storage`, which
     /// the caller has taken out of `slab` so that the inputs can be borrowed
     /// from the slab while the output is written (serially or concurrently).
-    fn run_taken(slab: &[Option<CpuStorage>], call: &KernelCall<'_>, out_storage: &mut CpuStorage) -> Result<()> {
+    fn run_taken(
+        slab: &[Option<CpuStorage>],
+        call: &KernelCall<'_>,
+        out_storage: &mut CpuStorage,
+        portable: bool,
+    ) -> Result<()> {
         let name = call.op.name();
         Self::check(name, &call.output, out_storage)?;
         let mut ins: SmallVec<[In<'_>; 4]> = SmallVec::with_capacity(call.inputs.len());
@@ -254,7 +340,7 @@ impl CpuBackend {
             ins.push(In { data: s, dims: t.dims, dtype: t.dtype });
         }
         let mut out = Out { data: out_storage, dims: call.output.dims, dtype: call.output.dtype };
-        dispatch(call, &ins, &mut out)
+        dispatch(call, &ins, &mut out, portable)
     }
 
     /// Check a tensor's dtype and length against the storage that holds it.
@@ -279,9 +365,24 @@ impl CpuBackend {
     }
 }
 
-fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>) -> Result<()> {
+/// Runs `call`'s kernel. `portable`: `CpuNumerics::Portable` (natively;
+/// the browser build's kernels are portable already, so it changes nothing
+/// there and its branches are left out of the wasm).
+fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>, portable: bool) -> Result<()> {
     let name = call.op.name();
+    #[cfg(target_arch = "wasm32")]
+    let _ = portable;
     match call.op {
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::Unary(u) if portable => elementwise::unary_portable(u, arity::<1>(name, ins)?, out),
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::Binary(b) if portable => elementwise::binary_portable(b, arity::<2>(name, ins)?, out),
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::RandNormal { seed } if portable => random::rand_normal(seed, out, true),
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::MatMul { transpose_a, transpose_b } if portable => {
+            matmul::matmul(transpose_a, transpose_b, arity::<2>(name, ins)?, out, true)
+        }
         Op::Input | Op::Param(_) => Err(Error::backend(name, "leaf nodes hold their value; there is no kernel to run")),
         Op::Full(v) => elementwise::full(v, out),
         Op::Arange { start, step } => elementwise::arange(start, step, out),
@@ -292,7 +393,7 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>) -> Result<
         Op::Cast(_) => elementwise::cast(arity::<1>(name, ins)?, out),
         Op::Reduce { op, axes, keepdim: _ } => reduce::reduce(op, axes, arity::<1>(name, ins)?, out),
         Op::MatMul { transpose_a, transpose_b } => {
-            matmul::matmul(transpose_a, transpose_b, arity::<2>(name, ins)?, out)
+            matmul::matmul(transpose_a, transpose_b, arity::<2>(name, ins)?, out, false)
         }
         Op::Reshape => movement::reshape(arity::<1>(name, ins)?, out),
         Op::Permute(perm) => movement::permute(&perm, arity::<1>(name, ins)?, out),
@@ -307,7 +408,10 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>) -> Result<
         Op::MaxPool2d(w) => window::max_pool2d(&w, arity::<1>(name, ins)?, out),
         Op::MaxPool2dBackward(w) => window::max_pool2d_backward(&w, arity::<2>(name, ins)?, out),
         Op::RandUniform { seed } => random::rand_uniform(seed, out),
-        Op::RandNormal { seed } => random::rand_normal(seed, out),
+        Op::RandNormal { seed } => random::rand_normal(seed, out, false),
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::CausalSoftmax { diagonal } => rowwise::causal_softmax(diagonal, arity::<1>(name, ins)?, out, portable),
+        #[cfg(target_arch = "wasm32")]
         Op::CausalSoftmax { diagonal } => rowwise::causal_softmax(diagonal, arity::<1>(name, ins)?, out),
         Op::Custom(c) => custom::custom(c, ins, out),
     }
@@ -321,7 +425,8 @@ impl Backend for CpuBackend {
     fn name(&self) -> String {
         #[cfg(feature = "rayon")]
         {
-            format!("cpu (rayon, {} threads)", rayon::current_num_threads())
+            let numerics = if self.portable { ", portable numerics" } else { "" };
+            format!("cpu (rayon, {} threads{numerics})", rayon::current_num_threads())
         }
         // The browser build: one thread, 128-bit SIMD when built with it.
         #[cfg(all(not(feature = "rayon"), target_feature = "simd128"))]
@@ -330,7 +435,11 @@ impl Backend for CpuBackend {
         }
         #[cfg(all(not(feature = "rayon"), not(target_feature = "simd128")))]
         {
-            "cpu (single-threaded)".to_string()
+            if self.portable && cfg!(not(target_arch = "wasm32")) {
+                "cpu (single-threaded, portable numerics)".to_string()
+            } else {
+                "cpu (single-threaded)".to_string()
+            }
         }
     }
 
@@ -427,7 +536,7 @@ impl Backend for CpuBackend {
         // the kernel returned.
         let mut out_storage =
             slab.get_mut(out_id.0 as usize).and_then(Option::take).ok_or_else(|| Self::missing(name, out_id))?;
-        let result = Self::run_taken(&slab, call, &mut out_storage);
+        let result = Self::run_taken(&slab, call, &mut out_storage, self.portable);
         slab[out_id.0 as usize] = Some(out_storage);
         result
     }
@@ -447,9 +556,14 @@ impl Backend for CpuBackend {
         concurrent::run_many(self, calls)
     }
 
+    /// Not in portable numerics: the browser build runs every node alone.
     #[cfg(feature = "fusion")]
     fn fuses(&self) -> bool {
-        true
+        !self.portable
+    }
+
+    fn portable_numerics(&self) -> bool {
+        self.portable
     }
 
     #[cfg(feature = "fusion")]

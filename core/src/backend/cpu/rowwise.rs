@@ -25,8 +25,10 @@ use crate::op::{BinaryOp, UnaryOp};
 #[cfg(not(target_arch = "wasm32"))]
 const COST: usize = 16;
 
+/// `portable`: exp from the portable functions (`CpuNumerics::Portable`;
+/// it matters for f64 only: f32 exp is kiln's own either way).
 #[cfg(not(target_arch = "wasm32"))]
-pub(super) fn causal_softmax(diagonal: i32, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
+pub(super) fn causal_softmax(diagonal: i32, [x]: &[In<'_>; 1], out: &mut Out<'_>, portable: bool) -> Result<()> {
     const OP: &str = "CausalSoftmax";
     let (rows, cols) = checks::causal_softmax(OP, x.dims, x.dtype, out.dims, out.dtype)?;
     if out.numel() == 0 {
@@ -35,7 +37,11 @@ pub(super) fn causal_softmax(diagonal: i32, [x]: &[In<'_>; 1], out: &mut Out<'_>
     with_float!(x.dtype, OP, T => {
         let src = x.slice::<T>(OP)?;
         for_chunks_weighted(out.slice::<T>(OP)?, cols, COST, |start, chunk| {
-            dispatch(Rows { src, chunk, first: start / cols, rows, cols, diagonal });
+            if portable {
+                dispatch(Rows::<T, true> { src, chunk, first: start / cols, rows, cols, diagonal });
+            } else {
+                dispatch(Rows::<T, false> { src, chunk, first: start / cols, rows, cols, diagonal });
+            }
         });
         Ok(())
     })
@@ -44,7 +50,7 @@ pub(super) fn causal_softmax(diagonal: i32, [x]: &[In<'_>; 1], out: &mut Out<'_>
 /// Rows `first..` of a CausalSoftmax into `chunk`, to run with the widest
 /// vectors the CPU has.
 #[cfg(not(target_arch = "wasm32"))]
-struct Rows<'a, T> {
+struct Rows<'a, T, const PORTABLE: bool> {
     src: &'a [T],
     chunk: &'a mut [T],
     first: usize,
@@ -54,7 +60,7 @@ struct Rows<'a, T> {
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-impl<T: Num> Kernel for Rows<'_, T> {
+impl<T: Num, const PORTABLE: bool> Kernel for Rows<'_, T, PORTABLE> {
     type Output = ();
     #[inline(always)]
     fn run(self) {
@@ -62,7 +68,7 @@ impl<T: Num> Kernel for Rows<'_, T> {
         for (k, dst) in self.chunk.chunks_exact_mut(cols).enumerate() {
             let r = self.first + k;
             let kept = checks::causal_kept(r % self.rows, cols, self.diagonal);
-            softmax_row(&self.src[r * cols..][..cols], kept, dst);
+            softmax_row::<T, PORTABLE>(&self.src[r * cols..][..cols], kept, dst);
         }
     }
 }
@@ -72,7 +78,7 @@ impl<T: Num> Kernel for Rows<'_, T> {
 /// makes the row NaN, as in the plain softmax.
 #[cfg(not(target_arch = "wasm32"))]
 #[inline(always)]
-fn softmax_row<T: Num>(x: &[T], kept: usize, dst: &mut [T]) {
+fn softmax_row<T: Num, const PORTABLE: bool>(x: &[T], kept: usize, dst: &mut [T]) {
     let (head, tail) = dst.split_at_mut(kept);
     tail.fill(T::ZERO);
     let max = x[..kept].iter().fold(T::from_f64(f64::NEG_INFINITY), |m, &v| m.max(v));
@@ -88,7 +94,8 @@ fn softmax_row<T: Num>(x: &[T], kept: usize, dst: &mut [T]) {
         // The exponentials first (a loop that vectorises), then their sum in
         // index order (a serial chain either way).
         for (d, &v) in leaf.iter_mut().zip(xs) {
-            *d = T::unary(UnaryOp::Exp, T::binary(BinaryOp::Sub, v, max));
+            let shifted = T::binary(BinaryOp::Sub, v, max);
+            *d = if PORTABLE { T::unary_portable(UnaryOp::Exp, shifted) } else { T::unary(UnaryOp::Exp, shifted) };
         }
         let acc = leaf.iter().fold(T::ZERO, |acc, &e| acc.add(e));
         tree.push(acc, &add);
