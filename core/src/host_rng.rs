@@ -74,8 +74,9 @@ impl SplitMix64 {
     pub fn normal(&mut self) -> f64 {
         let u1 = 1.0 - self.next_f64();
         let u2 = self.next_f64();
-        // The libm crate's log and cos: the same bits on every target.
-        (-2.0 * libm::log(u1)).sqrt() * libm::cos(2.0 * std::f64::consts::PI * u2)
+        // libm's log and cos (`math::portable`): the same bits on every target.
+        use crate::op::expr::math::portable::double::{cos, ln};
+        (-2.0 * ln(u1)).sqrt() * cos(2.0 * std::f64::consts::PI * u2)
     }
 }
 

@@ -43,8 +43,9 @@ pub fn uniform(keys: [u32; 2], i: u32) -> f64 {
 pub fn normal(keys: [u32; 2], i: u32) -> f64 {
     let u1 = 1.0 - uniform(keys, i.wrapping_mul(2));
     let u2 = uniform(keys, i.wrapping_mul(2).wrapping_add(1));
-    // The libm crate's log and cos: the same bits on every target.
-    (-2.0 * libm::log(u1)).sqrt() * libm::cos(2.0 * std::f64::consts::PI * u2)
+    // libm's log and cos (`math::portable`): the same bits on every target.
+    use crate::op::expr::math::portable::double::{cos, ln};
+    (-2.0 * ln(u1)).sqrt() * cos(2.0 * std::f64::consts::PI * u2)
 }
 
 #[cfg(test)]

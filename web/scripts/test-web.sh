@@ -32,6 +32,8 @@ if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/binaryen ]; then
 fi
 
 node scripts/build.mjs --pack
+# Portable numerics: the wasm's std math must be the libm crate's source.
+./scripts/check-libm.sh
 mkdir -p test-output
 cargo run --quiet --release -p kiln-web --example parity > test-output/parity-native.json
 export KILN_PARITY_JSON="$PWD/test-output/parity-native.json"

@@ -147,15 +147,20 @@ fn pick<T: PartialOrd + Copy>(a: T, b: T, keep_a: impl Fn(T, T) -> bool) -> T {
 }
 
 /// The transcendental functions the per-element definitions call, by where
-/// they come from. `portable`: the `libm` crate's, the same Rust code (plain
-/// IEEE arithmetic, no fused multiply-add) compiled for every target, so the
-/// same bits natively and in the browser. `host`: natively std's, which call
-/// the platform's C math library (glibc's, faster, whose last bit may differ
-/// from libm's); in the browser build they are the portable ones. kiln's own
-/// f32 exp and erf (op/exp.rs, op/erf.rs) are plain arithmetic: both sets
-/// use them. The CPU backend's portable numerics (`CpuNumerics::Portable`)
-/// evaluate with `portable` (`Value::unary_portable`).
+/// they come from. `portable`: the libm crate's source, the same Rust code
+/// (plain IEEE arithmetic) on every target, so the same bits natively and in
+/// the browser: natively the `libm` crate; in the browser build std's
+/// functions, which there are compiler-builtins' copy of that same source
+/// (libm 0.2.16 and the copy in the pinned nightly's compiler-builtins
+/// differ only in cfgs for x86 without SSE2, checked by
+/// web/scripts/check-libm.sh), so the wasm links one copy. `host`: std's,
+/// natively the platform's C math library (glibc's, faster, whose last bit
+/// may differ from libm's). kiln's own f32 exp and erf (op/exp.rs,
+/// op/erf.rs) are plain arithmetic: both sets use them. The CPU backend's
+/// portable numerics (`CpuNumerics::Portable`) evaluate with `portable`
+/// (`Value::unary_portable`).
 pub(crate) mod math {
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) mod portable {
         pub(crate) mod single {
             pub(crate) use crate::op::erf::erf_f32 as erf;
@@ -168,56 +173,57 @@ pub(crate) mod math {
         }
     }
     #[cfg(target_arch = "wasm32")]
-    pub(crate) use portable as host;
-    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) use host as portable;
     pub(crate) mod host {
         pub(crate) mod single {
-            pub(crate) use super::super::portable::single::{erf, erfc, exp, expm1, log1p};
+            pub(crate) use crate::op::erf::erf_f32 as erf;
+            pub(crate) use crate::op::exp::exp_f32 as exp;
+            pub(crate) use libm::{erfcf as erfc, expm1f as expm1, log1pf as log1p};
             #[inline(always)]
-            pub fn ln(x: f32) -> f32 {
+            pub(crate) fn ln(x: f32) -> f32 {
                 x.ln()
             }
             #[inline(always)]
-            pub fn sin(x: f32) -> f32 {
+            pub(crate) fn sin(x: f32) -> f32 {
                 x.sin()
             }
             #[inline(always)]
-            pub fn cos(x: f32) -> f32 {
+            pub(crate) fn cos(x: f32) -> f32 {
                 x.cos()
             }
             #[inline(always)]
-            pub fn tanh(x: f32) -> f32 {
+            pub(crate) fn tanh(x: f32) -> f32 {
                 x.tanh()
             }
             #[inline(always)]
-            pub fn pow(a: f32, b: f32) -> f32 {
+            pub(crate) fn pow(a: f32, b: f32) -> f32 {
                 a.powf(b)
             }
         }
         pub(crate) mod double {
-            pub(crate) use super::super::portable::double::{erf, erfc, expm1, log1p};
+            pub(crate) use libm::{erf, erfc, expm1, log1p};
             #[inline(always)]
-            pub fn exp(x: f64) -> f64 {
+            pub(crate) fn exp(x: f64) -> f64 {
                 x.exp()
             }
             #[inline(always)]
-            pub fn ln(x: f64) -> f64 {
+            pub(crate) fn ln(x: f64) -> f64 {
                 x.ln()
             }
             #[inline(always)]
-            pub fn sin(x: f64) -> f64 {
+            pub(crate) fn sin(x: f64) -> f64 {
                 x.sin()
             }
             #[inline(always)]
-            pub fn cos(x: f64) -> f64 {
+            pub(crate) fn cos(x: f64) -> f64 {
                 x.cos()
             }
             #[inline(always)]
-            pub fn tanh(x: f64) -> f64 {
+            pub(crate) fn tanh(x: f64) -> f64 {
                 x.tanh()
             }
             #[inline(always)]
-            pub fn pow(a: f64, b: f64) -> f64 {
+            pub(crate) fn pow(a: f64, b: f64) -> f64 {
                 a.powf(b)
             }
         }

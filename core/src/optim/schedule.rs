@@ -95,8 +95,10 @@ impl Schedule {
         }
     }
 
-    /// The factor at `step`.
+    /// The factor at `step`. cos and pow are libm's (`math::portable`): the
+    /// same bits on every target.
     pub fn factor(&self, step: u64) -> f64 {
+        use crate::op::expr::math::portable::double::{cos, pow};
         match self {
             Schedule::Constant => 1.0,
             Schedule::LinearWarmup { steps, start_factor } => {
@@ -111,17 +113,17 @@ impl Schedule {
                     *min_factor
                 } else {
                     let t = step as f64 / *steps as f64;
-                    min_factor + (1.0 - min_factor) * 0.5 * (1.0 + libm::cos(PI * t))
+                    min_factor + (1.0 - min_factor) * 0.5 * (1.0 + cos(PI * t))
                 }
             }
-            Schedule::Step { step_size, gamma } => libm::pow(*gamma, (step / step_size) as f64),
-            Schedule::Exponential { gamma } => libm::pow(*gamma, step as f64),
+            Schedule::Step { step_size, gamma } => pow(*gamma, (step / step_size) as f64),
+            Schedule::Exponential { gamma } => pow(*gamma, step as f64),
             Schedule::OneCycle { total, pct_start, div_factor, final_div_factor } => {
                 let initial = 1.0 / div_factor;
                 let min = initial / final_div_factor;
                 let up_end = (pct_start * *total as f64) - 1.0;
                 let down_end = (*total - 1) as f64;
-                let anneal = |start: f64, end: f64, pct: f64| end + (start - end) / 2.0 * (libm::cos(PI * pct) + 1.0);
+                let anneal = |start: f64, end: f64, pct: f64| end + (start - end) / 2.0 * (cos(PI * pct) + 1.0);
                 let s = step as f64;
                 if s <= up_end {
                     anneal(initial, 1.0, if up_end > 0.0 { s / up_end } else { 1.0 })

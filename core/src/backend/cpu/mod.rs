@@ -798,6 +798,79 @@ mod tests {
         assert!(ran > 40);
     }
 
+    /// Portable numerics take the batched MatMul weight-gradient rule (the
+    /// browser build's): for a shared weight b, ∂Σ(a·b)/∂b is the Sum over
+    /// the batch of the per-batch products aᵀ·g, bit for bit (the flattened
+    /// rule sums the batch and rows in one product, in another order).
+    #[test]
+    fn portable_numerics_use_the_batched_weight_gradient_rule() {
+        use crate::{CpuNumerics, Device, Graph, Param};
+        let device = Device::cpu_with(CpuNumerics::Portable);
+        let graph = Graph::new(&device);
+        let (batch, m, k, n) = (3, 40, 70, 50);
+        let a = graph.tensor_from(&rand_f32(batch * m * k, 1), &[batch, m, k]).unwrap();
+        let b = Param::new(&device, "b", &rand_f32(k * n, 2), &[k, n]).unwrap();
+        let bt = graph.param(&b).unwrap();
+        let seed = graph.tensor_from(&rand_f32(batch * m * n, 3), &[batch, m, n]).unwrap();
+        let y = a.matmul(bt).unwrap();
+        let got = graph.grad(y, &[bt], Some(seed)).unwrap()[0];
+        let want = a.matmul_t(seed, true, false).unwrap().sum(&[0], false).unwrap();
+        let (got, want) =
+            (pollster::block_on(got.to_vec::<f32>()).unwrap(), pollster::block_on(want.to_vec::<f32>()).unwrap());
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    /// Portable numerics give one set of bits whatever the thread count and
+    /// the executor's switches (fusion, which portable numerics leave off
+    /// anyway, concurrent branches, plan replay): a few Adam steps of a tanh
+    /// MLP (libm's tanhf and logf, threaded GEMMs), losses and weights.
+    #[cfg(feature = "rayon")]
+    #[test]
+    fn portable_training_is_the_same_on_any_thread_count() {
+        use crate::nn::{cross_entropy, Activation, Module, Sequential};
+        use crate::optim::{Adam, Optimizer};
+        use crate::{CpuNumerics, Device, Graph};
+        let (rows, width) = (130, 64);
+        let x = rand_f32(rows * width, 11);
+        let labels: Vec<i32> = (0..rows as i32).map(|i| i * 7 % 10).collect();
+        let run = |threads: usize, switches: bool| -> Vec<u32> {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let device = Device::cpu_with(CpuNumerics::Portable);
+                assert!(device.name().contains("portable numerics"));
+                device.set_fusion(switches);
+                device.set_parallel_branches(switches);
+                device.set_plan_cache(switches);
+                let model = Sequential::mlp(&device, &[width, 96, 10], Activation::Tanh, 3).unwrap();
+                let mut adam = Adam::new(model.parameters(), 0.01).unwrap();
+                let mut graph = Graph::new(&device);
+                let mut bits = Vec::new();
+                for _ in 0..3 {
+                    graph.reset();
+                    let xt = graph.tensor_from(&x, &[rows, width]).unwrap();
+                    let y = graph.tensor_from(&labels, &[rows]).unwrap();
+                    let loss = cross_entropy(model.forward(xt).unwrap(), y).unwrap();
+                    adam.zero_grad();
+                    loss.backward().unwrap();
+                    adam.step().unwrap();
+                    bits.push((pollster::block_on(loss.item()).unwrap() as f32).to_bits());
+                }
+                for p in model.parameters() {
+                    let v = pollster::block_on(p.value()).unwrap().to_f64_vec();
+                    bits.extend(v.iter().map(|&v| (v as f32).to_bits()));
+                }
+                bits
+            })
+        };
+        let one = run(1, false);
+        assert_eq!(one, run(2, true));
+        assert_eq!(one, run(3, true));
+        assert_eq!(one, run(2, false));
+    }
+
     #[test]
     fn supports_matches_the_kernel_set() {
         let be = CpuBackend::new();
