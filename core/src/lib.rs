@@ -5,6 +5,11 @@
 //! at their last use (`exec`), the `Backend` contract and the CPU backend
 //! (`backend`), and the training stack (`nn`, `optim`, `data`).
 
+// The multi-threaded browser build (wasm32 with shared memory; built with
+// a pinned nightly, web/scripts/build.mjs) sleeps its Worker threads with
+// memory.atomic.wait32, still unstable in core::arch (backend/cpu/threads.rs).
+#![cfg_attr(all(target_arch = "wasm32", target_feature = "atomics"), feature(stdarch_wasm_atomic_wait))]
+
 pub mod autograd;
 pub mod backend;
 pub mod checkpoint;

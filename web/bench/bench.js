@@ -1,9 +1,11 @@
 // W1–W4 of BENCHMARKS.md (MLP step, CNN step, 1000-op chain, GEMM 1024³)
 // in the browser, printing the same JSON lines as `kiln bench` and the peers
 // in ../shared/peers/web. Each step ends by reading a value back (the loss,
-// dL/dx, the product), so lazy execution cannot skip work. threads = 1: the
-// browser build is single-threaded. `?workloads=W1,W3` picks workloads.
-import { init, Kiln, Adam, crossEntropy } from '../pkg/index.js';
+// dL/dx, the product), so lazy execution cannot skip work. `threads`: the
+// CPU path's threads (threadInfo(): >1 when the page is cross-origin
+// isolated, as serve.mjs makes it unless ?coi=0). `?workloads=W1,W3` picks
+// workloads; `?threads=1` asks init() for the single-threaded module.
+import { init, Kiln, Adam, crossEntropy, threadInfo } from '../pkg/index.js';
 
 const params = new URLSearchParams(location.search);
 const quick = params.has('quick');
@@ -41,14 +43,15 @@ function median(times) {
 function emit(workload, backend, times, notes) {
   times.sort((a, b) => a - b);
   const n = times.length;
-  const line = `{"system":"kiln","backend":"${backend}","workload":"${workload}","median_ms":${median(times).toFixed(4)},"min_ms":${times[0].toFixed(4)},"max_ms":${times[n - 1].toFixed(4)},"threads":1,"notes":"${notes.replace(/"/g, "'")}"}`;
+  const line = `{"system":"kiln","backend":"${backend}","workload":"${workload}","median_ms":${median(times).toFixed(4)},"min_ms":${times[0].toFixed(4)},"max_ms":${times[n - 1].toFixed(4)},"threads":${backend === 'wasm-cpu' ? threadInfo().threads : 1},"notes":"${notes.replace(/"/g, "'")}"}`;
   lines.push(line);
   out.textContent = lines.join('\n');
   console.log(line);
 }
 
 try {
-  await init();
+  await init(params.has('threads') ? { threads: Number(params.get('threads')) } : {});
+  console.log(`threads: ${JSON.stringify(threadInfo())}`);
   const kiln = await Kiln.create(params.get('device') || 'auto');
   const backend = kiln.device === 'webgpu' ? 'webgpu' : 'wasm-cpu';
   const where = `${navigator.userAgent.match(/(Chrom\w+|Firefox|Safari)\/[\d.]+/)?.[0] ?? 'browser'}; ${kiln.deviceInfo}`;

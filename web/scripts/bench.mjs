@@ -2,11 +2,13 @@
 // `npm run bench`: W1–W4 of BENCHMARKS.md in headless Chromium (WebGPU
 // when kiln can use it, else the wasm CPU path), printing the JSON lines.
 // Options: --quick (short smoke run), --cpu (force the CPU),
-// --workloads W1,W4 (a subset; default all four).
+// --workloads W1,W4 (a subset; default all four), --threads N (the CPU
+// path's threads; default: the browser's hardwareConcurrency, the page
+// being cross-origin isolated; 1 = the single-threaded module).
 import { fileURLToPath } from 'node:url';
 import { launch, server } from '../tests/helpers.mjs';
 
-export async function runBench({ quick = false, cpu = false, workloads = null } = {}) {
+export async function runBench({ quick = false, cpu = false, workloads = null, threads = null } = {}) {
   const srv = await server();
   const browser = await launch({ webgpu: !cpu });
   try {
@@ -21,6 +23,7 @@ export async function runBench({ quick = false, cpu = false, workloads = null } 
     if (quick) q.set('quick', '1');
     if (cpu) q.set('device', 'cpu');
     if (workloads) q.set('workloads', workloads);
+    if (threads) q.set('threads', String(threads));
     await page.goto(`${srv.url}/bench/?${q}`);
     const deadline = Date.now() + 1800000;
     for (;;) {
@@ -41,6 +44,8 @@ export async function runBench({ quick = false, cpu = false, workloads = null } 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const at = process.argv.indexOf('--workloads');
   const workloads = at > 0 ? process.argv[at + 1] : null;
-  const lines = await runBench({ quick: process.argv.includes('--quick'), cpu: process.argv.includes('--cpu'), workloads });
+  const th = process.argv.indexOf('--threads');
+  const lines = await runBench({ quick: process.argv.includes('--quick'), cpu: process.argv.includes('--cpu'), workloads,
+    threads: th > 0 ? Number(process.argv[th + 1]) : null });
   for (const line of lines) console.log(line);
 }

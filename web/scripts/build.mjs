@@ -33,30 +33,45 @@ function run(cmd, argv, opts = {}) {
 }
 
 fs.rmSync(pkg, { recursive: true, force: true });
-{
-  // The wasm is built with a pinned nightly toolchain, for one reason: its
-  // standard library rebuilt with the `immediate-abort` panic strategy
-  // (-Zbuild-std, rust-src): panics become a bare wasm trap, so none of std's
-  // panic printing, location formatting or unwinding glue is linked (about
-  // -27 KB gzipped, web/README.md, Size). kiln returns errors and never
-  // panics on bad input: errors reach JS as KilnError exceptions as before;
-  // only a kiln bug would now trap without a message. Everything else in the
-  // workspace builds with the stable toolchain. KILN_WEB_NIGHTLY=0 builds
-  // with the default toolchain and std's usual panics (for comparisons).
-  const nightly = process.env.KILN_WEB_NIGHTLY !== '0';
-  const argv = ['build', '--lib', '--target', 'wasm32-unknown-unknown', '--profile', 'wasm-release'];
+// The wasm is built with a pinned nightly toolchain, for one reason: its
+// standard library rebuilt with the `immediate-abort` panic strategy
+// (-Zbuild-std, rust-src): panics become a bare wasm trap, so none of std's
+// panic printing, location formatting or unwinding glue is linked (about
+// -27 KB gzipped, web/README.md, Size). kiln returns errors and never
+// panics on bad input: errors reach JS as KilnError exceptions as before;
+// only a kiln bug would now trap without a message. Everything else in the
+// workspace builds with the stable toolchain. KILN_WEB_NIGHTLY=0 builds
+// with the default toolchain and std's usual panics (for comparisons).
+const nightly = process.env.KILN_WEB_NIGHTLY !== '0';
+// WASM SIMD (128-bit): every browser the package targets has it
+// (Chromium 91+, Firefox 89+, Safari 16.4+, Node 16+); kiln's f32 GEMM
+// (core/src/backend/cpu/simd_gemm.rs) and rustc's auto-vectorised loops use
+// it. KILN_WEB_SIMD=0 builds without (for comparisons).
+const simd = process.env.KILN_WEB_SIMD !== '0';
+// The multi-threaded module (pkg/web-threads/), loaded instead of the
+// single-threaded one by pages that are cross-origin isolated: shared
+// memory (+atomics: std rebuilt with them, so nightly only) and Web Workers
+// running the f32 GEMM's parts (kiln-core backend/cpu/threads.rs).
+// KILN_WEB_THREADS=0 leaves it out.
+const threaded = nightly && simd && process.env.KILN_WEB_THREADS !== '0';
+
+/** cargo + wasm-bindgen + wasm-opt into pkg/<dir>/kiln_web{.js,_bg.wasm}; returns the cargo output's path. */
+function buildWasm(dir, { threads }) {
+  // Its own target directory: other RUSTFLAGS (and std built with atomics).
+  const targetDir = path.join(web, '..', 'target', ...(threads ? ['wasm-threads'] : []));
+  const argv = [threads ? 'rustc' : 'build', '--lib', '--target', 'wasm32-unknown-unknown', '--profile', 'wasm-release', '--target-dir', targetDir];
   if (features) argv.push('--features', features);
   // std's `optimize_for_size` feature: smaller algorithms in core/alloc
   // (sorting, formatting, ...); same results (-10.8 KB gzipped, README Size).
   if (nightly) argv.push('-Zbuild-std=std,panic_abort', '-Zbuild-std-features=optimize_for_size');
-  // WASM SIMD (128-bit): every browser the package targets has it
-  // (Chromium 91+, Firefox 89+, Safari 16.4+, Node 16+); gemm's wasm
-  // micro-kernels and rustc's auto-vectorised loops use it. KILN_WEB_SIMD=0
-  // builds without (for comparisons).
-  const simd = process.env.KILN_WEB_SIMD !== '0';
   const env = { ...process.env };
   const rustflags = [env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS ?? ''];
   if (simd) rustflags.push('-C target-feature=+simd128');
+  if (threads) {
+    // Atomics (std rebuilt with them); the shared memory must declare a
+    // maximum: 2 GiB.
+    rustflags.push('-C target-feature=+atomics,+bulk-memory,+mutable-globals -C link-arg=--max-memory=2147483648');
+  }
   if (nightly) {
     env.RUSTUP_TOOLCHAIN = NIGHTLY;
     // No file/line/column in #[track_caller] locations: the bindings leave
@@ -65,12 +80,20 @@ fs.rmSync(pkg, { recursive: true, force: true });
     rustflags.push('-Zunstable-options -C panic=immediate-abort -Zlocation-detail=none');
   }
   env.CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS = rustflags.join(' ').trim();
+  if (threads) {
+    // The link of the .wasm alone (`cargo rustc -- ...`): a shared memory,
+    // imported (each Worker instantiates the module on the page's), and the
+    // thread-local storage exports wasm-bindgen's thread glue sets up. This
+    // rustc no longer adds them for +atomics by itself.
+    argv.push('--', ...['--shared-memory', '--import-memory', '--export=__wasm_init_tls', '--export=__tls_size',
+      '--export=__tls_align', '--export=__tls_base'].flatMap((a) => ['-C', `link-arg=${a}`]));
+  }
   run('cargo', argv, { env });
+  const built = path.join(targetDir, 'wasm32-unknown-unknown', 'wasm-release', 'kiln_web.wasm');
   // The ES-module glue and the .d.ts (wasm-bindgen CLI, the crate's exact
   // version: test-web.sh installs it).
-  run('wasm-bindgen', ['--target', 'web', '--out-dir', path.join(pkg, 'web'), '--out-name', 'kiln_web', '--weak-refs',
-    path.join(web, '..', 'target', 'wasm32-unknown-unknown', 'wasm-release', 'kiln_web.wasm')]);
-  const wasm = path.join(pkg, 'web', 'kiln_web_bg.wasm');
+  run('wasm-bindgen', ['--target', 'web', '--out-dir', path.join(pkg, dir), '--out-name', 'kiln_web', '--weak-refs', built]);
+  const wasm = path.join(pkg, dir, 'kiln_web_bg.wasm');
   const before = fs.statSync(wasm).size;
   // The features rustc's wasm32 target enables by default; wasm-opt must be
   // told, or it refuses the module.
@@ -78,10 +101,18 @@ fs.rmSync(pkg, { recursive: true, force: true });
     '-Oz', '--strip-debug', '--strip-producers',
     '--enable-bulk-memory', '--enable-mutable-globals', '--enable-nontrapping-float-to-int',
     '--enable-sign-ext', '--enable-reference-types', '--enable-multivalue',
-    ...(simd ? ['--enable-simd'] : []),
+    ...(simd ? ['--enable-simd'] : []), ...(threads ? ['--enable-threads'] : []),
     wasm, '-o', wasm,
   ]);
-  console.log(`wasm-opt: ${before} -> ${fs.statSync(wasm).size} bytes`);
+  console.log(`wasm-opt (${dir}): ${before} -> ${fs.statSync(wasm).size} bytes`);
+  return built;
+}
+const rawWasm = buildWasm('web', { threads: false });
+if (threaded) {
+  buildWasm('web-threads', { threads: true });
+  // Only the glue and the wasm are used; the typings are web/'s.
+  for (const f of ['kiln_web.d.ts', 'kiln_web_bg.wasm.d.ts']) fs.rmSync(path.join(pkg, 'web-threads', f), { force: true });
+  for (const f of ['thread-worker.js', 'thread-start.js']) fs.copyFileSync(path.join(web, 'npm', f), path.join(pkg, 'web-threads', f));
 }
 
 // The generated typings: without the internal start function, and without
@@ -303,25 +334,67 @@ async function checkCustomOp(op, inputs, options = {}) {
     + line('gradient on ' + report.device + ' (float32)', report.deviceGradient);
   return report;
 }`;
-fs.writeFileSync(path.join(pkg, 'index.js'), `// kiln-web for browsers and bundlers. Call \`await init()\` once before anything else.
-import wasmInit, * as glue from './web/kiln_web.js';
-const KilnClass = glue.Kiln;
-export { ${classes.join(', ')} } from './web/kiln_web.js';
+// The browser entry picks its module at init(): the multi-threaded one
+// (web-threads/, shared memory + Web Workers) when the page is
+// cross-origin isolated and has SharedArrayBuffer and Worker, else the
+// single-threaded one (web/). Either glue is loaded on demand (a page
+// downloads one), and the API's classes and functions are bound to it:
+// the exports are \`let\` bindings that init() sets (ES module bindings are
+// live, so \`import { Kiln } from 'kiln-web'\` sees them once init() ran).
+// Its /** doc comments */ are left out (they are in index.d.ts, which
+// editors read; index.js is downloaded): -0.6 KB gzipped.
+const stripDocs = (js) => js.replace(/^[ \t]*\/\*\*[\s\S]*?\*\/[ \t]*\n/gm, '');
+fs.writeFileSync(path.join(pkg, 'index.js'), stripDocs(`// kiln-web for browsers and bundlers. Call \`await init()\` once before anything else.
+import { scopeHandles } from './handles.js';
+export let ${[...classes, ...functions].join(', ')};
+let KilnClass;
 ${kilnError}
 export { KilnError };
-${scoped}
 ${checkpointsWeb}
 ${digitsWeb}
 ${checkCustomOpSource}
 export { checkCustomOp };
 
+const THREADED_BUILD = ${threaded};
+let threading = { threads: 1, module: 'none', reason: 'init() has not run yet' };
+/** The CPU path init() chose: threads (1 = single-threaded), the module ('single-threaded' or 'multi-threaded') and why. */
+export function threadInfo() { return { ...threading }; }
+
+async function load(input, options) {
+  const hc = globalThis.navigator && navigator.hardwareConcurrency;
+  const threads = Math.max(1, Math.floor(options.threads ?? (hc > 0 ? hc : 1)));
+  const why = !THREADED_BUILD ? 'the package was built without the multi-threaded module'
+    : input !== undefined ? 'init() was given a module to load'
+    : threads < 2 ? 'threads: ' + threads
+    : globalThis.crossOriginIsolated !== true ? 'the page is not cross-origin isolated (no COOP/COEP headers)'
+    : typeof SharedArrayBuffer !== 'function' || typeof Worker !== 'function' ? 'no SharedArrayBuffer or Worker' : null;
+  if (!why) return (await import('./web-threads/thread-start.js')).start(threads);
+  const glue = await import('./web/kiln_web.js');
+  await glue.default(input === undefined ? undefined : { module_or_path: input });
+  return { glue, info: { threads: 1, module: 'single-threaded', reason: why } };
+}
+
 let ready = null;
-/** Load the WebAssembly module (idempotent). \`input\`: optional URL, Response or bytes of kiln_web_bg.wasm. */
-export function init(input) {
-  if (!ready) ready = wasmInit(input === undefined ? undefined : { module_or_path: input }).then(() => undefined);
+/**
+ * Load the WebAssembly module (idempotent). \`input\`: optional URL, Response or bytes of kiln_web_bg.wasm
+ * (then the single-threaded module is used). \`options.threads\`: threads for the CPU path when the page is
+ * cross-origin isolated (default navigator.hardwareConcurrency; 1 = single-threaded). An options object
+ * may also be the only argument.
+ */
+export function init(input, options) {
+  if (options === undefined && input !== null && typeof input === 'object' && Object.getPrototypeOf(input) === Object.prototype) {
+    options = input; input = undefined;
+  }
+  if (!ready) {
+    ready = load(input, options || {}).then(({ glue, info }) => {
+      KilnClass = glue.Kiln;
+      ({ ${[...classes, ...functions].join(', ')} } = { ...glue, ...scopeHandles(glue, KilnError) });
+      threading = info;
+    });
+  }
   return ready;
 }
-`);
+`));
 // Node.js runs the browser glue on the same .wasm, loaded synchronously
 // from the package directory (one copy of the module in the package).
 fs.writeFileSync(path.join(pkg, 'node.mjs'), `// kiln-web for Node.js as an ES module: the browser build's glue and .wasm, loaded from disk.
@@ -339,6 +412,8 @@ export { saveCheckpoint, loadCheckpoint, checkCustomOp };
 ${digitsNode}
 /** Nothing to load in Node.js: the module is ready when imported. */
 export function init() { return Promise.resolve(); }
+/** The CPU path: in Node.js always the single-threaded module. */
+export function threadInfo() { return { threads: 1, module: 'single-threaded', reason: 'Node.js uses the single-threaded module' }; }
 `);
 // CommonJS: Node.js >= 20.19 / 22.12 loads the ES module synchronously.
 fs.writeFileSync(path.join(pkg, 'node.cjs'), `// kiln-web for Node.js (CPU backend) from CommonJS: the ES module entry, loaded with require(esm).
@@ -403,7 +478,19 @@ export function checkCustomOp(
  * the API. In Node.js it resolves at once. \`input\`: optional URL, Response
  * or bytes of kiln_web_bg.wasm, when the default location does not fit.
  */
-export function init(input?: string | URL | Response | BufferSource | WebAssembly.Module): Promise<void>;
+export function init(input?: string | URL | Response | BufferSource | WebAssembly.Module, options?: InitOptions): Promise<void>;
+export function init(options: InitOptions): Promise<void>;
+/** init()'s options. */
+export interface InitOptions {
+  /** Threads for the CPU path when the page is cross-origin isolated (default navigator.hardwareConcurrency; 1 = single-threaded). */
+  threads?: number;
+}
+/**
+ * The CPU path init() chose: \`threads\` (1 = single-threaded), \`module\` ('multi-threaded' when the page is
+ * cross-origin isolated and has SharedArrayBuffer and Worker, else 'single-threaded'; 'none' before init())
+ * and \`reason\`. The thread count also appears in a CPU Kiln's deviceInfo.
+ */
+export function threadInfo(): { threads: number; module: 'single-threaded' | 'multi-threaded' | 'none'; reason: string };
 `);
 
 // Metadata and README.
@@ -423,10 +510,21 @@ const sizes = {
   js_bytes: jsFiles.reduce((a, f) => a + fs.statSync(f).size, 0), js_gzip: jsFiles.reduce((a, f) => a + gz(f), 0),
 };
 sizes.total_gzip = sizes.wasm_gzip + sizes.js_gzip;
+// What a cross-origin isolated page downloads instead: the same entry, the
+// multi-threaded glue and .wasm, and the thread Worker's script (its
+// Workers fetch the glue again, from the HTTP cache).
+if (threaded) {
+  const tWasm = path.join(pkg, 'web-threads', 'kiln_web_bg.wasm');
+  const tJs = ['index.js', 'handles.js', 'web-threads/kiln_web.js', 'web-threads/thread-start.js', 'web-threads/thread-worker.js'].map((f) => path.join(pkg, f));
+  sizes.threaded_wasm_bytes = fs.statSync(tWasm).size;
+  sizes.threaded_wasm_gzip = gz(tWasm);
+  sizes.threaded_js_gzip = tJs.reduce((a, f) => a + gz(f), 0);
+  sizes.threaded_total_gzip = sizes.threaded_wasm_gzip + sizes.threaded_js_gzip;
+}
 fs.writeFileSync(path.join(pkg, 'sizes.json'), JSON.stringify(sizes) + '\n');
 console.log(`size: ${JSON.stringify(sizes)}`);
 // Where the code is, by crate (cargo's module, before wasm-opt, has names).
-const raw = path.join(web, '..', 'target', 'wasm32-unknown-unknown', 'wasm-release', 'kiln_web.wasm');
+const raw = rawWasm;
 if (fs.existsSync(raw)) {
   const r = wasmSizes(fs.readFileSync(raw));
   const code = r.functions.reduce((a, f) => a + f.bytes, 0);

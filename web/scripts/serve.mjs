@@ -1,7 +1,9 @@
 #!/usr/bin/env node
 // A tiny static server for web/: the demos at /demo/ (an index page: digits,
 // MNIST CNN, Shakespeare GPT), the benchmark page at /bench/, the browser
-// test pages at /tests/. `npm run demo` starts it.
+// test pages at /tests/. `npm run demo` starts it. Every response carries
+// the COOP/COEP headers that make a page cross-origin isolated (so kiln
+// loads its multi-threaded module) unless its URL has ?coi=0.
 // Usage: node scripts/serve.mjs [--port N] [--mnist DIR] [--shakespeare FILE]
 //   --port 0: any free port.
 //   --mnist DIR: serve DIR's MNIST IDX files (train-images-idx3-ubyte.gz, ...)
@@ -36,7 +38,14 @@ export function serve(port = 0, data = {}) {
     }
     fs.readFile(file, (err, body) => {
       if (err) { res.writeHead(404, { 'content-type': 'text/plain' }).end(`not found: ${url.pathname}`); return; }
-      res.writeHead(200, { 'content-type': types[path.extname(file)] || 'application/octet-stream', 'cache-control': 'no-store' });
+      const headers = { 'content-type': types[path.extname(file)] || 'application/octet-stream', 'cache-control': 'no-store' };
+      // Cross-origin isolation (SharedArrayBuffer: kiln's multi-threaded
+      // module) unless the URL asks for none with ?coi=0.
+      if (url.searchParams.get('coi') !== '0') {
+        headers['cross-origin-opener-policy'] = 'same-origin';
+        headers['cross-origin-embedder-policy'] = 'require-corp';
+      }
+      res.writeHead(200, headers);
       res.end(body);
     });
   });

@@ -87,5 +87,39 @@ pub fn start() {
     }));
 }
 
+/// The multi-threaded build (wasm32 with shared memory, `pkg/web-threads/`):
+/// what index.js and the thread Workers (npm/thread-worker.js) call to start
+/// the CPU backend's GEMM threads. Names starting with `__` are not part of
+/// the package's API (build.mjs leaves them out of the entry points).
+#[cfg(all(target_arch = "wasm32", target_feature = "atomics", target_feature = "simd128"))]
+mod threads {
+    use wasm_bindgen::prelude::*;
+
+    /// The compiled module and its shared memory, posted to each Worker.
+    #[wasm_bindgen(js_name = __kilnThreadModule)]
+    pub fn module() -> js_sys::Array {
+        js_sys::Array::of2(&wasm_bindgen::module(), &wasm_bindgen::memory())
+    }
+
+    /// In a Worker, once its instance is up: count it as a thread.
+    #[wasm_bindgen(js_name = __kilnThreadRegister)]
+    pub fn register() {
+        kiln_core::backend::cpu::threads::register_worker();
+    }
+
+    /// GEMM parts the Workers (not the calling thread) have run: the
+    /// tests check that the Workers take part.
+    #[wasm_bindgen(js_name = __kilnThreadParts)]
+    pub fn parts() -> u32 {
+        kiln_core::backend::cpu::threads::worker_parts()
+    }
+
+    /// In a Worker: run GEMM parts for good (never returns).
+    #[wasm_bindgen(js_name = __kilnThreadRun)]
+    pub fn run() {
+        kiln_core::backend::cpu::threads::worker_loop()
+    }
+}
+
 #[cfg(test)]
 mod tests;

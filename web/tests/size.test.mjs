@@ -34,13 +34,25 @@ test('what a browser downloads fits the gzipped size budget', (t) => {
   assert.equal(reported.total_gzip, total);
 });
 
-test('the tarball ships one .wasm, used by both the browser and Node.js entries', () => {
+test('what a cross-origin isolated page downloads (the multi-threaded module) fits its budget', { skip: !fs.existsSync(path.join(pkg, 'web-threads')) && 'built without the multi-threaded module' }, (t) => {
+  const files = ['index.js', 'handles.js', 'web-threads/kiln_web.js', 'web-threads/thread-start.js', 'web-threads/thread-worker.js', 'web-threads/kiln_web_bg.wasm'];
+  const sizes = Object.fromEntries(files.map((f) => [f, gz(f)]));
+  const total = Object.values(sizes).reduce((a, b) => a + b, 0);
+  t.diagnostic(`gzipped: ${JSON.stringify(sizes)}, total ${total} bytes; budget ${budget.threaded_gzip_max}`);
+  assert.ok(total <= budget.threaded_gzip_max,
+    `the multi-threaded download is ${total} bytes gzipped, over the budget of ${budget.threaded_gzip_max} (web/size-budget.json)`);
+  const reported = JSON.parse(fs.readFileSync(path.join(pkg, 'sizes.json'), 'utf8'));
+  assert.equal(reported.threaded_total_gzip, total);
+});
+
+test('the tarball ships one .wasm for the browser (single-threaded) and Node.js entries, and the multi-threaded one', () => {
   const dist = path.join(webDir, 'dist');
   const tarballs = fs.readdirSync(dist).filter((f) => /^kiln-web-.*\.tgz$/.test(f));
   assert.equal(tarballs.length, 1);
   const entries = execFileSync('tar', ['-tzf', path.join(dist, tarballs[0])], { encoding: 'utf8' }).trim().split('\n');
   const wasm = entries.filter((e) => e.endsWith('.wasm'));
-  assert.deepEqual(wasm, ['package/web/kiln_web_bg.wasm']);
+  const threaded = fs.existsSync(path.join(pkg, 'web-threads'));
+  assert.deepEqual(wasm.sort(), [...(threaded ? ['package/web-threads/kiln_web_bg.wasm'] : []), 'package/web/kiln_web_bg.wasm']);
   assert.ok(fs.statSync(path.join(dist, tarballs[0])).size <= budget.tarball_max,
     `tarball ${fs.statSync(path.join(dist, tarballs[0])).size} bytes, budget ${budget.tarball_max}`);
   // The Node.js entry loads that same file (not a copy of its own).

@@ -27,6 +27,10 @@ mod scalar;
 mod simd;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd_gemm;
+/// The multi-threaded browser build's Web Worker threads (wasm32 with
+/// shared memory): kiln-web starts them; the f32 GEMM uses them.
+#[cfg(all(target_arch = "wasm32", target_feature = "atomics", target_feature = "simd128"))]
+pub mod threads;
 mod update;
 mod window;
 
@@ -431,6 +435,11 @@ impl Backend for CpuBackend {
         // The browser build: one thread, 128-bit SIMD when built with it.
         #[cfg(all(not(feature = "rayon"), target_feature = "simd128"))]
         {
+            // The multi-threaded browser build, with its Workers started.
+            #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+            if threads::count() > 1 {
+                return format!("cpu ({} threads, simd128)", threads::count());
+            }
             "cpu (single-threaded, simd128)".to_string()
         }
         #[cfg(all(not(feature = "rayon"), not(target_feature = "simd128")))]

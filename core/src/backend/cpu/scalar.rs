@@ -151,6 +151,11 @@ impl Float for f32 {
     /// The browser build's SIMD kernel (`simd_gemm`), in place of gemm's.
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     fn own_gemm(a: &Mat, b: &Mat, lhs: &[f32], rhs: &[f32], dst: &mut [f32]) -> bool {
+        // The multi-threaded browser build shares the rows among its Web
+        // Workers (`threads`); the same bits as one call.
+        #[cfg(target_feature = "atomics")]
+        super::threads::gemm_rows(a, b, lhs, rhs, dst, super::simd_gemm::gemm_f32);
+        #[cfg(not(target_feature = "atomics"))]
         super::simd_gemm::gemm_f32(a, b, lhs, rhs, dst);
         true
     }
