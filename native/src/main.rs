@@ -82,7 +82,7 @@ struct TrainArgs {
     /// Directory holding the IDX files (for mnist and fashion-mnist).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
+    /// Device: best, cpu, cpu-portable, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
     #[arg(long, env = "KILN_DEVICE", default_value = "best")]
     device: String,
     /// Epochs (default: 30 for digits, 10 otherwise).
@@ -178,7 +178,7 @@ struct SampleArgs {
     top_k: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
+    /// Device: best, cpu, cpu-portable, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
     #[arg(long, env = "KILN_DEVICE", default_value = "best")]
     device: String,
 }
@@ -206,7 +206,7 @@ struct BenchArgs {
     /// 1, 2, 4, … of the processes, instead of the workloads.
     #[arg(long)]
     distributed: bool,
-    /// Device: best, cpu, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
+    /// Device: best, cpu, cpu-portable, wgpu, vulkan, metal, dx12, gl (KILN_DEVICE sets the default).
     #[arg(long, env = "KILN_DEVICE", default_value = "cpu")]
     device: String,
     /// Workloads to run (W1, W2, W3, W4, GEMM = GFLOP/s of W1's and W2's
