@@ -222,6 +222,177 @@ fn window_argmax<T: Float>(g: &Geometry, plane: &[T], oy: usize, ox: usize) -> O
     best.map(|(p, _)| p)
 }
 
+/// Calls `visit(e, first_max)` for every window e = oy·ow + ox of a plane,
+/// in row-major order (so the backward's sums keep their order), with the
+/// position in the plane of the window's first maximum (None: a window
+/// holding no pixel). Windows wholly inside the image are searched in
+/// blocks (`block_maxima`); border windows one by one (`window_argmax`).
+/// Both find the same element.
+fn plane_maxima<T: Float>(
+    g: &Geometry,
+    inner: &InnerWindows,
+    block: &mut Block<T>,
+    plane: &[T],
+    visit: &mut impl FnMut(usize, Option<usize>),
+) {
+    let mut oy = 0;
+    while oy < g.oh {
+        let columns = inner.columns(oy);
+        if columns == (0..g.ow) {
+            // A run of rows whose windows are all inner: blocks run on
+            // across their ends.
+            let mut end = oy + 1;
+            while end < g.oh && inner.columns(end) == (0..g.ow) {
+                end += 1;
+            }
+            block.search(g, plane, oy * g.ow..end * g.ow, visit);
+            oy = end;
+            continue;
+        }
+        for ox in 0..columns.start {
+            visit(oy * g.ow + ox, window_argmax(g, plane, oy, ox));
+        }
+        block.search(g, plane, oy * g.ow + columns.start..oy * g.ow + columns.end, visit);
+        for ox in columns.end..g.ow {
+            visit(oy * g.ow + ox, window_argmax(g, plane, oy, ox));
+        }
+        oy += 1;
+    }
+}
+
+/// The windows that lie wholly inside the image: rows × columns of window
+/// positions. Empty in the browser build (size budget: it searches every
+/// window alone, with the same result) and for planes of 2^32 pixels or
+/// more (offsets travel as u32, as wide as f32 lanes).
+struct InnerWindows {
+    rows: std::ops::Range<usize>,
+    columns: std::ops::Range<usize>,
+}
+
+impl InnerWindows {
+    fn of(g: &Geometry) -> Self {
+        if cfg!(target_arch = "wasm32") || u32::try_from(g.h * g.w).is_err() {
+            return InnerWindows { rows: 0..0, columns: 0..0 };
+        }
+        // From the first window past the padding to the last whose far tap
+        // is still inside.
+        let along = |n: usize, out: usize, k: usize, s: usize, d: usize, p: usize| {
+            let first = p.div_ceil(s).min(out);
+            let end = (n + p).checked_sub((k - 1) * d + 1).map_or(0, |v| (v / s + 1).min(out));
+            first..end.max(first)
+        };
+        InnerWindows {
+            rows: along(g.h, g.oh, g.kh, g.sh, g.dh, g.ph),
+            columns: along(g.w, g.ow, g.kw, g.sw, g.dw, g.pw),
+        }
+    }
+    /// The inner windows of output row `oy` (empty when it has none).
+    fn columns(&self, oy: usize) -> std::ops::Range<usize> {
+        if self.rows.contains(&oy) && !self.columns.is_empty() {
+            self.columns.clone()
+        } else {
+            0..0
+        }
+    }
+}
+
+/// Windows per block: their values, offsets and origins stay in L1.
+const BLOCK: usize = 64;
+
+/// Scratch for one block of inner windows.
+struct Block<T> {
+    /// Plane offset of each window's first pixel.
+    origins: [usize; BLOCK],
+    best: [T; BLOCK],
+    /// Offset of the best pixel from the window's first pixel.
+    taps: [u32; BLOCK],
+    pixels: [T; BLOCK],
+}
+
+impl<T: Float> Block<T> {
+    fn new() -> Self {
+        Block { origins: [0; BLOCK], best: [T::ZERO; BLOCK], taps: [0; BLOCK], pixels: [T::ZERO; BLOCK] }
+    }
+
+    /// `visit` for the inner windows `windows` (row-major indices), in order.
+    fn search(
+        &mut self,
+        g: &Geometry,
+        plane: &[T],
+        windows: std::ops::Range<usize>,
+        visit: &mut impl FnMut(usize, Option<usize>),
+    ) {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let mut e0 = windows.start;
+            while e0 < windows.end {
+                let n = BLOCK.min(windows.end - e0);
+                let (mut oy, mut ox) = (e0 / g.ow, e0 % g.ow);
+                for origin in &mut self.origins[..n] {
+                    *origin = (oy * g.sh - g.ph) * g.w + ox * g.sw - g.pw;
+                    ox += 1;
+                    if ox == g.ow {
+                        (oy, ox) = (oy + 1, 0);
+                    }
+                }
+                let (origins, best, taps, pixels) =
+                    (&self.origins[..n], &mut self.best[..n], &mut self.taps[..n], &mut self.pixels[..n]);
+                super::simd::wide(
+                    #[inline(always)]
+                    || block_maxima(g, plane, origins, best, taps, pixels),
+                );
+                for (o, (&origin, &tap)) in origins.iter().zip(taps.iter()).enumerate() {
+                    visit(e0 + o, Some(origin + tap as usize));
+                }
+                e0 += n;
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = (g, plane, windows, visit);
+    }
+}
+
+/// The first maximum of each window of a block (given by the offsets of
+/// their first pixels): tap by tap in row-major order, each tap's pixels
+/// first gathered side by side, then compared over the whole block with
+/// the rule of `window_argmax` — a pixel replaces the best only when
+/// strictly greater, or when it is a NaN and the best is not — as selects
+/// without branches (random data made the per-window search mispredict
+/// about every other comparison), which vectorise.
+#[cfg(not(target_arch = "wasm32"))]
+#[inline(always)]
+fn block_maxima<T: Float>(
+    g: &Geometry,
+    plane: &[T],
+    origins: &[usize],
+    best: &mut [T],
+    taps: &mut [u32],
+    pixels: &mut [T],
+) {
+    for (b, &origin) in best.iter_mut().zip(origins) {
+        *b = plane[origin];
+    }
+    taps.fill(0);
+    for i in 0..g.kh {
+        for j in 0..g.kw {
+            if i == 0 && j == 0 {
+                continue;
+            }
+            let offset = i * g.dh * g.w + j * g.dw;
+            for (p, &origin) in pixels.iter_mut().zip(origins) {
+                *p = plane[origin + offset];
+            }
+            let tap = offset as u32;
+            for ((b, t), &v) in best.iter_mut().zip(taps.iter_mut()).zip(pixels.iter()) {
+                // Non-short-circuit operators: one mask, no branch.
+                let replace = (v > *b) | (v.is_nan() & !b.is_nan());
+                *b = if replace { v } else { *b };
+                *t = if replace { tap } else { *t };
+            }
+        }
+    }
+}
+
 pub(super) fn max_pool2d(window: &Window2d, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "MaxPool2d";
     let d = x.dims;
@@ -234,18 +405,15 @@ pub(super) fn max_pool2d(window: &Window2d, [x]: &[In<'_>; 1], out: &mut Out<'_>
     }
     with_float!(x.dtype, OP, T => {
         let src = x.slice::<T>(OP)?;
+        let inner = InnerWindows::of(&g);
         for_chunks(out.slice::<T>(OP)?, plane_out, |start, chunk| {
+            let mut block = Block::new();
             for (p, dst) in chunk.chunks_exact_mut(plane_out).enumerate() {
                 let plane = &src[(start / plane_out + p) * g.h * g.w..][..g.h * g.w];
-                for oy in 0..g.oh {
-                    for ox in 0..g.ow {
-                        // Windows always hold a pixel (padding <= kernel/2).
-                        dst[oy * g.ow + ox] = match window_argmax(&g, plane, oy, ox) {
-                            Some(pos) => plane[pos],
-                            None => T::from_f64(f64::NEG_INFINITY),
-                        };
-                    }
-                }
+                // A window holding no pixel (explicit asymmetric padding) is -inf.
+                plane_maxima(&g, &inner, &mut block, plane, &mut |e, pos| {
+                    dst[e] = pos.map_or(T::from_f64(f64::NEG_INFINITY), |pos| plane[pos]);
+                });
             }
         });
         Ok(())
@@ -265,20 +433,20 @@ pub(super) fn max_pool2d_backward(window: &Window2d, [x, grad]: &[In<'_>; 2], ou
     let plane_out = g.oh * g.ow;
     with_float!(x.dtype, OP, T => {
         let (src, gs) = (x.slice::<T>(OP)?, grad.slice::<T>(OP)?);
+        let inner = InnerWindows::of(&g);
         for_chunks(out.slice::<T>(OP)?, plane, |start, chunk| {
+            let mut block = Block::new();
             for (p, dst) in chunk.chunks_exact_mut(plane).enumerate() {
                 let index = start / plane + p;
                 let xs = &src[index * plane..][..plane];
                 let gp = &gs[index * plane_out..][..plane_out];
                 dst.fill(T::from_f64(0.0));
                 // Windows in row-major order: the accumulation order is fixed.
-                for oy in 0..g.oh {
-                    for ox in 0..g.ow {
-                        if let Some(pos) = window_argmax(&g, xs, oy, ox) {
-                            dst[pos] = dst[pos] + gp[oy * g.ow + ox];
-                        }
+                plane_maxima(&g, &inner, &mut block, xs, &mut |e, pos| {
+                    if let Some(pos) = pos {
+                        dst[pos] = dst[pos] + gp[e];
                     }
-                }
+                });
             }
         });
         Ok(())
@@ -461,6 +629,101 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The blocked search of inner windows (`WindowBlocks`) against the
+    /// window-by-window search it replaces, bit for bit: forward values
+    /// (NaN payloads and signed zeros included) and backward sums, over
+    /// tiling, overlapping, dilated, padded and ceil-mode windows, rows
+    /// longer than a block, and data full of ties, ±0, -inf and NaNs with
+    /// distinct payloads (the first NaN of a window must win).
+    #[test]
+    fn blocked_max_pooling_equals_the_window_by_window_search() {
+        let nan = |payload: u64| f64::from_bits(0x7ff8_0000_0000_0000 | payload);
+        for (h, w) in [(6, 150), (7, 9), (2, 2), (5, 131)] {
+            for (kernel, stride, pad, dil) in [
+                ([2, 2], [2, 2], [0, 0], [1, 1]),
+                ([3, 3], [3, 3], [0, 0], [1, 1]),
+                ([2, 3], [2, 3], [1, 1], [1, 1]),
+                ([3, 3], [2, 2], [1, 1], [1, 1]),
+                ([3, 2], [1, 1], [0, 0], [1, 1]),
+                ([2, 2], [1, 3], [1, 0], [2, 2]),
+                ([1, 1], [1, 1], [0, 0], [1, 1]),
+            ] {
+                let Ok(mut window) = Window2d::new(kernel, stride, pad, dil) else { continue };
+                for pad_end in [0, 1] {
+                    // Ceil mode's extra padding after the image.
+                    window.pad_end = [window.pad_begin[0] + pad_end, window.pad_begin[1] + pad_end];
+                    let Ok(g) = Geometry::new("test", &window, h, w) else { continue };
+                    let (n, c) = (2, 2);
+                    let xd = [n, c, h, w];
+                    let mut x: Vec<f64> = (0..n * c * h * w).map(|i| ((i * 7) % 5) as f64 - 2.0).collect();
+                    for (i, v) in x.iter_mut().enumerate() {
+                        *v = match i % 23 {
+                            3 => -0.0,
+                            4 => 0.0,
+                            9 => f64::NEG_INFINITY,
+                            17 => nan(i as u64),
+                            _ => *v,
+                        };
+                    }
+                    x[5] = -nan(1);
+                    let l = g.oh * g.ow;
+                    let pd = [n, c, g.oh, g.ow];
+                    let f = |v: &[f64]| CpuStorage::F64(v.to_vec());
+                    let xs = f(&x);
+                    let mut o = f(&vec![9.0; n * c * l]);
+                    max_pool2d(
+                        &window,
+                        &[In { data: &xs, dims: &xd, dtype: DType::F64 }],
+                        &mut Out { data: &mut o, dims: &pd, dtype: DType::F64 },
+                    )
+                    .unwrap();
+                    let CpuStorage::F64(pooled) = o else { unreachable!() };
+                    // Gradients with signed zeros: 0 + (-0) is +0 in both.
+                    let gv: Vec<f64> = (0..n * c * l).map(|i| [1.5, -0.0, -2.0, 0.25][i % 4]).collect();
+                    let gs = f(&gv);
+                    let mut o = f(&vec![9.0; n * c * h * w]);
+                    max_pool2d_backward(
+                        &window,
+                        &[
+                            In { data: &xs, dims: &xd, dtype: DType::F64 },
+                            In { data: &gs, dims: &pd, dtype: DType::F64 },
+                        ],
+                        &mut Out { data: &mut o, dims: &xd, dtype: DType::F64 },
+                    )
+                    .unwrap();
+                    let CpuStorage::F64(back) = o else { unreachable!() };
+                    let mut want_back = vec![0.0; n * c * h * w];
+                    for p in 0..n * c {
+                        let plane = &x[p * h * w..][..h * w];
+                        for oy in 0..g.oh {
+                            for ox in 0..g.ow {
+                                let o = p * l + oy * g.ow + ox;
+                                let at = window_argmax(&g, plane, oy, ox);
+                                let want = at.map_or(f64::NEG_INFINITY, |a| plane[a]);
+                                assert_eq!(pooled[o].to_bits(), want.to_bits(), "{window:?} {h}x{w} ({oy}, {ox})");
+                                if let Some(a) = at {
+                                    let v = &mut want_back[p * h * w + a];
+                                    *v += gv[o];
+                                }
+                            }
+                        }
+                    }
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&back), bits(&want_back), "backward {window:?} {h}x{w}");
+                }
+            }
+        }
+        // Some geometries above must take the blocked path (runs of whole
+        // rows longer than a block, and rows with border windows).
+        let inner = |k, s, p, h, w| {
+            let g = Geometry::new("test", &Window2d::new(k, s, p, [1, 1]).unwrap(), h, w).unwrap();
+            let inner = InnerWindows::of(&g);
+            (inner.rows.clone(), inner.columns(inner.rows.start))
+        };
+        assert_eq!(inner([2, 2], [2, 2], [0, 0], 6, 150), (0..3, 0..75));
+        assert_eq!(inner([3, 3], [2, 2], [1, 1], 7, 9), (1..3, 1..4));
     }
 
     #[test]
