@@ -17,6 +17,7 @@ use std::array::from_fn;
 use super::layout::for_chunks_weighted;
 use super::reduce::{Tree, LEAF};
 use super::scalar::{Num, Scalar};
+use super::simd::{dispatch, Kernel};
 use super::{with_float, In, Out};
 use crate::backend::checks;
 use crate::error::Result;
@@ -39,16 +40,7 @@ pub(super) fn layer_norm(eps: f64, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Resu
         let src = x.slice::<T>(OP)?;
         let eps = T::from_f64(eps);
         for_chunks_weighted(out.slice::<T>(OP)?, n, FORWARD_COST, |start, chunk| {
-            let src = &src[start..start + chunk.len()];
-            let mut groups = chunk.chunks_exact_mut(LANES * n);
-            let mut at = 0;
-            for y in &mut groups {
-                forward::<T, LANES>(&src[at..at + y.len()], y, n, eps);
-                at += y.len();
-            }
-            for (x, y) in src[at..].chunks_exact(n).zip(groups.into_remainder().chunks_exact_mut(n)) {
-                forward::<T, 1>(x, y, n, eps);
-            }
+            dispatch(Forward { x: &src[start..start + chunk.len()], y: chunk, n, eps });
         });
         Ok(())
     })
@@ -65,21 +57,64 @@ pub(super) fn layer_norm_backward(eps: f64, [x, g]: &[In<'_>; 2], out: &mut Out<
         let eps = T::from_f64(eps);
         for_chunks_weighted(out.slice::<T>(OP)?, n, BACKWARD_COST, |start, chunk| {
             let end = start + chunk.len();
-            let (xs, gs) = (&xs[start..end], &gs[start..end]);
-            let mut groups = chunk.chunks_exact_mut(LANES * n);
-            let mut at = 0;
-            for dx in &mut groups {
-                let len = dx.len();
-                backward::<T, LANES>(&xs[at..at + len], &gs[at..at + len], dx, n, eps);
-                at += len;
-            }
-            let rest = groups.into_remainder();
-            for ((x, g), dx) in xs[at..].chunks_exact(n).zip(gs[at..].chunks_exact(n)).zip(rest.chunks_exact_mut(n)) {
-                backward::<T, 1>(x, g, dx, n, eps);
-            }
+            dispatch(Backward { x: &xs[start..end], g: &gs[start..end], dx: chunk, n, eps });
         });
         Ok(())
     })
+}
+
+/// Rows of a LayerNorm (x and y hold whole rows of n), to run with the
+/// widest vectors the CPU has.
+struct Forward<'a, T> {
+    x: &'a [T],
+    y: &'a mut [T],
+    n: usize,
+    eps: T,
+}
+
+impl<T: Num> Kernel for Forward<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let Forward { x, y, n, eps } = self;
+        let mut groups = y.chunks_exact_mut(LANES * n);
+        let mut at = 0;
+        for y in &mut groups {
+            forward::<T, LANES>(&x[at..at + y.len()], y, n, eps);
+            at += y.len();
+        }
+        for (x, y) in x[at..].chunks_exact(n).zip(groups.into_remainder().chunks_exact_mut(n)) {
+            forward::<T, 1>(x, y, n, eps);
+        }
+    }
+}
+
+/// Rows of a LayerNormBackward, as `Forward`.
+struct Backward<'a, T> {
+    x: &'a [T],
+    g: &'a [T],
+    dx: &'a mut [T],
+    n: usize,
+    eps: T,
+}
+
+impl<T: Num> Kernel for Backward<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let Backward { x, g, dx, n, eps } = self;
+        let mut groups = dx.chunks_exact_mut(LANES * n);
+        let mut at = 0;
+        for dx in &mut groups {
+            let len = dx.len();
+            backward::<T, LANES>(&x[at..at + len], &g[at..at + len], dx, n, eps);
+            at += len;
+        }
+        let rest = groups.into_remainder();
+        for ((x, g), dx) in x[at..].chunks_exact(n).zip(g[at..].chunks_exact(n)).zip(rest.chunks_exact_mut(n)) {
+            backward::<T, 1>(x, g, dx, n, eps);
+        }
+    }
 }
 
 /// The summation rule's sums of `term(r, j)` over j in 0..n, for R rows at
