@@ -169,6 +169,16 @@ pub fn op_case(name: &str) -> Option<Case> {
         "CausalSoftmax" => {
             case("CausalSoftmax", vec![input(&ramp(24, -0.9, 0.09), &[2, 4, 3])], |_, x| x[0].causal_softmax(-1))
         }
+        // Rows of 5 with distinct values (an eps small next to their
+        // variance); the primitive itself, whatever the device's numerics.
+        "LayerNorm" => {
+            case("LayerNorm", vec![input(&ramp(15, -0.9, 0.13), &[3, 5])], |_, x| x[0].layer_norm_rows(1e-5))
+        }
+        "LayerNormBackward" => case(
+            "LayerNormBackward",
+            vec![input(&ramp(15, -0.9, 0.13), &[3, 5]), input(&ramp(15, -0.7, 0.1), &[3, 5])],
+            |_, x| x[0].layer_norm_backward(x[1], 1e-5),
+        ),
         _ => None,
     }
 }

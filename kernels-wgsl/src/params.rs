@@ -184,6 +184,16 @@ pub struct Rowwise {
     pub parts: u32,
 }
 
+/// norm.wgsl (native only, as its kernel).
+#[cfg(not(target_arch = "wasm32"))]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Norm {
+    pub rows: u32,
+    pub n: u32,
+    pub eps: f32,
+}
+
 #[cfg(test)]
 mod tests {
     use std::mem::{offset_of, size_of};
@@ -252,6 +262,7 @@ mod tests {
             layout!(Pool { window, empty }),
             layout!(Random { n, keys }),
             layout!(Rowwise { rows, l, s, diagonal, groups, parts }),
+            layout!(Norm { rows, n, eps }),
         ]
     }
 

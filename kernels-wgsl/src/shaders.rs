@@ -50,11 +50,12 @@ pub const WINDOW: &str = wgsl_file!("shaders/window.wgsl");
 pub const POOL: &str = wgsl_file!("shaders/pool.wgsl");
 pub const RANDOM: &str = wgsl_file!("shaders/random.wgsl");
 pub const ROWWISE: &str = wgsl_file!("shaders/rowwise.wgsl");
+pub const NORM: &str = wgsl_file!("shaders/norm.wgsl");
 pub const TRIG: &str = wgsl_file!("shaders/trig.wgsl");
 pub const STRIDED: &str = wgsl_file!("shaders/strided.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 21] = [
+pub const FILES: [(&str, &str); 22] = [
     ("common.wgsl", COMMON),
     ("scalar.wgsl", SCALAR),
     ("fill.wgsl", FILL),
@@ -74,6 +75,7 @@ pub const FILES: [(&str, &str); 21] = [
     ("pool.wgsl", POOL),
     ("random.wgsl", RANDOM),
     ("rowwise.wgsl", ROWWISE),
+    ("norm.wgsl", NORM),
     ("trig.wgsl", TRIG),
     ("strided.wgsl", STRIDED),
 ];
@@ -149,6 +151,10 @@ pub enum Kernel {
     Random,
     /// rowwise.wgsl (CausalSoftmax, f32).
     Rowwise,
+    /// norm.wgsl (LayerNorm and its backward, f32; native only: the
+    /// browser build composes layer norm).
+    #[cfg(not(target_arch = "wasm32"))]
+    Norm,
     /// A custom op's own kernel (validated when the op was registered).
     Custom(CustomOp),
     /// A generated kernel of `ops` fused element-wise ops (kernels/fused.rs
@@ -183,6 +189,8 @@ impl Kernel {
             Kernel::Chunks => &["combine", "accumulate"],
             Kernel::Random => &["uniform", "normal"],
             Kernel::Rowwise => &["serial", "max_leaves", "max_parts", "sum_leaves", "sum_parts", "normalise"],
+            #[cfg(not(target_arch = "wasm32"))]
+            Kernel::Norm => &["forward_serial", "backward_serial", "forward_rows", "backward_rows"],
             Kernel::MatMul => &["tile128", "tile64", "skinny"],
             _ => &["main"],
         }
@@ -247,6 +255,8 @@ impl Kernel {
             Kernel::Pool => POOL.to_string(),
             Kernel::Random => RANDOM.to_string(),
             Kernel::Rowwise => ROWWISE.to_string(),
+            #[cfg(not(target_arch = "wasm32"))]
+            Kernel::Norm => NORM.to_string(),
             Kernel::Custom(_) => unreachable!("handled above"),
             Kernel::Fused { .. } => return None,
         };
@@ -485,6 +495,8 @@ pub fn all_kernels() -> Vec<Kernel> {
         Kernel::Rowwise,
     ];
     #[cfg(not(target_arch = "wasm32"))]
+    v.push(Kernel::Norm);
+    #[cfg(not(target_arch = "wasm32"))]
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         v.push(Kernel::MatMulVec4 { ta, tb });
     }
@@ -690,12 +702,12 @@ mod tests {
         // fill, where, index x 3 types; 9 casts; the unary and binary ops
         // the table gives an f32 or i32 kernel (every op with one must have
         // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
-        // copy, update; window x 2 types (f32, i32); pool, random, rowwise;
-        // the vec4 matmul's 4 operand layouts.
+        // copy, update; window x 2 types (f32, i32); pool, random, rowwise,
+        // norm; the vec4 matmul's 4 operand layouts.
         let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
         let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
             + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 3 + 4, "{kernels:?}");
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 4 + 4, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);

@@ -600,6 +600,39 @@ fn causal_softmax_forward_and_backward() {
     });
 }
 
+/// The LayerNorm kernels (one thread per row up to 128 entries, one
+/// workgroup per row beyond, up to 32,768) forward, through LayerNormBackward,
+/// and through the backward kernel's own gradient (second order: the
+/// gradient of a function of the gradient), against the CPU's; each graph
+/// records the primitives on both devices.
+#[test]
+fn layer_norm_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    for dims in [[3usize, 1], [4, 7], [6, 128], [3, 129], [2, 1000], [1, 32_768]] {
+        let n: usize = dims.iter().product();
+        // An offset per row: the mean matters.
+        let x: Vec<f32> =
+            rand(n, 80 + n as u64, -2.0, 2.0).iter().enumerate().map(|(i, v)| v + (i / dims[1]) as f32).collect();
+        let what = format!("layer_norm {dims:?}");
+        forward(&wg, &what, SUMS, |g| Ok(vec![g.tensor_from(&x, &dims)?.layer_norm(1, 1e-5)?]));
+        backward(&wg, &what, SUMS, |g| {
+            let xv = g.variable(&x, &dims)?;
+            let y = xv.layer_norm(1, 1e-5)?;
+            assert_eq!(g.count_ops("LayerNorm"), 1, "{what}: the primitive on {}", g.device().name());
+            Ok((vec![y], vec![xv]))
+        });
+        if n <= 4096 {
+            backward(&wg, &format!("{what} second order"), SUMS, |g| {
+                let xv = g.variable(&x, &dims)?;
+                let w = g.tensor_from(&rand(n, 7, -1.0, 1.0), &dims)?;
+                let first = g.grad(xv.layer_norm(1, 1e-5)?.mul(w)?.sum_all()?, &[xv], None)?;
+                assert_eq!(g.count_ops("LayerNormBackward"), 1);
+                Ok((vec![first[0].mul(w)?], vec![xv]))
+            });
+        }
+    }
+}
+
 /// `got` within `tol` of `want` relative to each element (plus `tol` x 1e-3
 /// of the largest |want|, for values that cancel), NaN == NaN: softmax
 /// values over long rows are far below 1, where `compare` is absolute.

@@ -7,6 +7,8 @@
 
 export const exceptions = {
   // An entry is 'OpName': 'why'.
+  LayerNorm: 'native-only primitive: the browser build composes layer norm from ordinary ops (download size); kiln.layerNorm reaches those',
+  LayerNormBackward: 'native-only primitive, the gradient of LayerNorm (see LayerNorm)',
 };
 
 const f32 = (g, values, shape) => g.tensor(new Float32Array(values), shape);

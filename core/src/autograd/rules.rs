@@ -213,6 +213,9 @@ pub(crate) fn input_gradients<'g>(
         // dx = y · (g - Σ_j g_j y_j): masked entries have y = 0, so they get
         // exactly 0, and the rule is ordinary ops on y (second order works).
         Op::CausalSoftmax { .. } => one(y.mul(g.sub(g.mul(y)?.sum(&[-1], true)?)?)),
+        // One row-wise kernel, which recomputes the row statistics from x.
+        Op::LayerNorm { eps } => one(x[0].layer_norm_backward(g, eps)),
+        Op::LayerNormBackward { eps } => layer_norm_backward_gradients(x[0], x[1], y, g, eps, needs),
         // The user's backward, checked; only the inputs asked for.
         Op::Custom(c) => {
             let grads = c.gradients(x, y, g)?;
@@ -226,6 +229,36 @@ pub(crate) fn input_gradients<'g>(
         | Op::RandNormal { .. }
         | Op::Compare(_) => Err(no_rule(&op)),
     }
+}
+
+/// The gradients of y = LayerNormBackward(x, gy) = r · P(gy), with
+/// P(u) = u − mean(u) − x̂ · mean(x̂ · u), x̂ = LayerNorm(x) and
+/// r = 1/√(var(x) + eps), given the incoming gradient h. P is symmetric, so
+/// gy gets r · P(h) = LayerNormBackward(x, h). x gets
+/// −r · (mean(h · y) · x̂ + mean(h · x̂) · y + mean(gy · x̂) · LayerNormBackward(x, h))
+/// (differentiate r, x̂ and mean(gy · x̂) through x; docs/performance.md
+/// has the derivation). Made of the two primitives and ordinary ops, so it
+/// is differentiable again.
+fn layer_norm_backward_gradients<'g>(
+    x: Tensor<'g>,
+    gy: Tensor<'g>,
+    y: Tensor<'g>,
+    h: Tensor<'g>,
+    eps: f64,
+    needs: &[bool],
+) -> Result<InputGrads<'g>> {
+    let ph = x.layer_norm_backward(h, eps)?;
+    let dx = if needs[0] {
+        let mean = |t: Tensor<'g>| t.mean(&[-1], true);
+        let xhat = x.layer_norm_rows(eps)?;
+        let centred = x.sub(mean(x)?)?;
+        let r = mean(centred.square()?)?.add(eps)?.sqrt()?.recip()?;
+        let terms = mean(h.mul(y)?)?.mul(xhat)?.add(mean(h.mul(xhat)?)?.mul(y)?)?.add(mean(gy.mul(xhat)?)?.mul(ph)?)?;
+        Some(terms.mul(r)?.neg()?)
+    } else {
+        None
+    };
+    Ok(smallvec![dx, needs.get(1).copied().unwrap_or(false).then_some(ph)])
 }
 
 fn axis_list(axes: AxisSet, rank: usize) -> Vec<isize> {

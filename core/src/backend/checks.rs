@@ -16,6 +16,11 @@ use crate::shape::{broadcast_strides, contiguous_strides, fmt_dims, AxisSet, Dim
 /// stated once, in the table; each backend's tests check that it really has
 /// every kernel this promises.
 pub fn has_kernel(op: &Op, dtype: DType, dtypes: &[DType]) -> bool {
+    // The browser build has no layer-norm kernels (download size):
+    // `Tensor::layer_norm` composes it there.
+    if cfg!(target_arch = "wasm32") && matches!(op, Op::LayerNorm { .. } | Op::LayerNormBackward { .. }) {
+        return false;
+    }
     dtypes.contains(&dtype) && op.info().dtypes.contains(dtype)
 }
 
@@ -257,6 +262,21 @@ pub fn causal_softmax(
         return Err(Error::dtype(op, format!("needs one float dtype, got {x_dtype} into {out_dtype}")));
     }
     Ok((x[x.len() - 2], x[x.len() - 1]))
+}
+
+/// The row length of a LayerNorm (one input) or LayerNormBackward (x and
+/// its gradient) into `out`: every operand of `out`'s dims, rank >= 1, one
+/// float dtype; a row of 0 elements only in an empty tensor.
+pub fn layer_norm(op: &'static str, inputs: &[(&[usize], DType)], out: &[usize], out_dtype: DType) -> Result<usize> {
+    for &(dims, dtype) in inputs {
+        if dims.is_empty() || dims != out {
+            return Err(Error::shape(op, format!("input {} does not give output {}", fmt_dims(dims), fmt_dims(out))));
+        }
+        if !dtype.is_float() || dtype != out_dtype {
+            return Err(Error::dtype(op, format!("needs one float dtype, got {dtype} into {out_dtype}")));
+        }
+    }
+    Ok(out.last().copied().unwrap_or(0))
 }
 
 /// How many leading keys row `row` of a CausalSoftmax keeps: the j in

@@ -59,15 +59,9 @@ impl Module for LayerNorm {
                 format!("input {:?} does not end in {:?}", d.as_slice(), self.normalized),
             ));
         }
-        let axes: Vec<isize> = (d.len() - k..d.len()).map(|a| a as isize).collect();
         let graph = x.graph();
-        // One mean, whose centred values serve both the variance and the
-        // output, and one reciprocal standard deviation per row (a multiply
-        // per element, not a divide): `x.var` would centre x a second time,
-        // and backward would then go through both copies.
-        let centered = x.sub(x.mean(&axes, true)?)?;
-        let inv_std = centered.square()?.mean(&axes, true)?.add(self.eps)?.sqrt()?.recip()?;
-        let y = centered.mul(inv_std)?.mul(graph.param(&self.weight)?)?;
+        // One LayerNorm primitive natively (see `Tensor::layer_norm`).
+        let y = x.layer_norm(k, self.eps)?.mul(graph.param(&self.weight)?)?;
         match &self.bias {
             Some(b) => y.add(graph.param(b)?),
             None => Ok(y),

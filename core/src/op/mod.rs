@@ -262,6 +262,20 @@ pub enum Op {
     CausalSoftmax {
         diagonal: i32,
     },
+    /// Layer normalisation of each row of the last axis, without weight or
+    /// bias: (x - mean) / sqrt(var + eps), the population variance. One
+    /// row-wise kernel; the statistics are recomputed by the backward
+    /// kernel from x, so nothing else is stored.
+    LayerNorm {
+        eps: f64,
+    },
+    /// layer_norm_backward(x, g): the gradient of LayerNorm at x given g,
+    /// r · (g - mean(g) - x̂ · mean(g · x̂)) with x̂ = LayerNorm(x) and r the
+    /// row's 1 / sqrt(var + eps). Differentiable again (its rule is made of
+    /// LayerNorm, itself and ordinary ops).
+    LayerNormBackward {
+        eps: f64,
+    },
     /// A user-defined op (see `custom`): what it is lives in the registry.
     Custom(CustomOp),
 }
@@ -357,6 +371,8 @@ impl Op {
             Op::MaxPool2d(window),
             Op::MaxPool2dBackward(window),
             Op::CausalSoftmax { diagonal: 0 },
+            Op::LayerNorm { eps: 1e-5 },
+            Op::LayerNormBackward { eps: 1e-5 },
         ]);
         kinds
     }
@@ -366,7 +382,7 @@ impl Op {
         Op::builtin_kinds().iter().map(|k| k.name()).collect()
     }
 
-    const KIND_GROUPS: usize = 27;
+    const KIND_GROUPS: usize = 29;
 
     /// Which group of `kinds()` an op belongs to (exhaustive on purpose).
     fn kind_of(&self) -> usize {
@@ -397,7 +413,9 @@ impl Op {
             Op::MaxPool2d(_) => 23,
             Op::MaxPool2dBackward(_) => 24,
             Op::CausalSoftmax { .. } => 25,
-            Op::Custom(_) => 26,
+            Op::LayerNorm { .. } => 26,
+            Op::LayerNormBackward { .. } => 27,
+            Op::Custom(_) => 28,
         }
     }
 

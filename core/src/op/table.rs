@@ -36,7 +36,8 @@ pub enum Family {
     Index,
     /// Sliding windows over NCHW images (Im2Col, Col2Im, pooling).
     Window,
-    /// A normalisation of each row of the last axis (CausalSoftmax).
+    /// A normalisation of each row of the last axis (CausalSoftmax,
+    /// LayerNorm and its backward).
     Rowwise,
     /// A user-defined op (`op::custom`): its own CPU function and WGSL.
     Custom,
@@ -471,6 +472,21 @@ impl Op {
             Op::CausalSoftmax { .. } => {
                 op("CausalSoftmax", F::Rowwise, Arity::Exactly(1), D::FLOAT, DTypeRule::SameAs(0), 1, y)
             }
+            // The rule is LayerNormBackward(x, g): it recomputes the row
+            // statistics from x.
+            Op::LayerNorm { .. } => {
+                op("LayerNorm", F::Rowwise, Arity::Exactly(1), D::FLOAT, DTypeRule::SameAs(0), 1, x)
+            }
+            // The rule reads x, g and the output (see autograd::rules).
+            Op::LayerNormBackward { .. } => op(
+                "LayerNormBackward",
+                F::Rowwise,
+                Arity::Exactly(2),
+                D::FLOAT,
+                DTypeRule::SameAs(0),
+                0b11,
+                saved(0b11, true),
+            ),
             // What a custom op is was stated when it was registered.
             Op::Custom(c) => {
                 let d = c.definition();

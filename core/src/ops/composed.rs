@@ -1,11 +1,19 @@
 //! Operations composed from the primitives. Their gradients come from the
 //! primitives' rules; nothing here needs a rule of its own.
 
+use std::panic::Location;
+
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
+use crate::op::Op;
 
 use super::reduce::axis_set;
+
+/// The longest row the LayerNorm primitive takes (longer rows compose):
+/// 256 leaves of the summation rule, which one wgpu workgroup reduces in one
+/// pass (rowwise norm kernels), on every backend alike.
+pub(crate) const LAYER_NORM_MAX_ROW: usize = 256 * 128;
 
 impl<'g> Tensor<'g> {
     /// Number of elements covered by `axes` (for means).
@@ -186,6 +194,79 @@ impl<'g> Tensor<'g> {
         }
         let axes: Vec<isize> = (self.rank() - dims..self.rank()).map(|a| a as isize).collect();
         self.div(self.square()?.mean(&axes, true)?.add(eps)?.sqrt()?)
+    }
+
+    /// Layer normalisation over the last `dims` axes without weight or
+    /// bias: (x − mean) / √(var + eps), the population variance over those
+    /// axes (`nn::LayerNorm` adds the scale and shift).
+    ///
+    /// Natively one primitive (LayerNorm, its gradient the LayerNormBackward
+    /// primitive) whose forward values are bit for bit those of the
+    /// composed form below. Composed from ordinary ops instead (mean, sub,
+    /// square, mean, add, sqrt, recip, mul) in the browser build (download
+    /// size), with portable numerics (which must compute the browser's
+    /// bits), on a backend without the kernels (wgpu for f64, custom
+    /// backends) and for rows of more than `LAYER_NORM_MAX_ROW` elements.
+    #[track_caller]
+    pub fn layer_norm(self, dims: usize, eps: f64) -> Result<Tensor<'g>> {
+        const OP: &str = "layer_norm";
+        self.require_float(OP)?;
+        if dims == 0 || dims > self.rank() || !(eps.is_finite() && eps > 0.0) {
+            return Err(Error::invalid(
+                OP,
+                format!("needs 1 <= dims <= rank {} and eps > 0, got dims {dims}, eps {eps}", self.rank()),
+            ));
+        }
+        let d = self.dims();
+        let row: usize = d[d.len() - dims..].iter().product();
+        if row == 0 {
+            return Err(Error::shape(OP, format!("input {:?} has no elements to normalise over", d.as_slice())));
+        }
+        let backend = self.graph.device().backend();
+        let primitive = Op::LayerNorm { eps };
+        if row <= LAYER_NORM_MAX_ROW && !backend.portable_numerics() && backend.supports(&primitive, self.dtype()) {
+            if dims == 1 {
+                return self.layer_norm_rows(eps);
+            }
+            let rows = self.numel() / row;
+            return self.reshape_to(&[rows, row])?.layer_norm_rows(eps)?.reshape_to(&d);
+        }
+        // One mean, whose centred values serve both the variance and the
+        // output, and one reciprocal standard deviation per row (a multiply
+        // per element, not a divide). The primitive computes exactly this.
+        let axes: Vec<isize> = (d.len() - dims..d.len()).map(|a| a as isize).collect();
+        let centered = self.sub(self.mean(&axes, true)?)?;
+        let inv_std = centered.square()?.mean(&axes, true)?.add(eps)?.sqrt()?.recip()?;
+        centered.mul(inv_std)
+    }
+
+    /// The LayerNorm primitive over the last axis (checked by the caller).
+    #[track_caller]
+    pub(crate) fn layer_norm_rows(self, eps: f64) -> Result<Tensor<'g>> {
+        let d = self.dims();
+        self.graph.record(Op::LayerNorm { eps }, &[self.id], &d, self.dtype(), Location::caller())
+    }
+
+    /// The LayerNormBackward primitive: the gradient of `layer_norm_rows`
+    /// at `self` given `g` (same dims and dtype).
+    #[track_caller]
+    pub(crate) fn layer_norm_backward(self, g: Tensor<'g>, eps: f64) -> Result<Tensor<'g>> {
+        const OP: &str = "LayerNormBackward";
+        let d = self.dims();
+        if g.dims() != d || g.dtype() != self.dtype() || d.is_empty() || d[d.len() - 1] == 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "x ({} {:?}) and g ({} {:?}) need the same dims and dtype and a non-empty last axis",
+                    self.dtype(),
+                    d.as_slice(),
+                    g.dtype(),
+                    g.dims().as_slice()
+                ),
+            ));
+        }
+        self.require_float(OP)?;
+        self.graph.record(Op::LayerNormBackward { eps }, &[self.id, g.id], &d, self.dtype(), Location::caller())
     }
 
     /// Group normalisation without the affine part: the channels (axis 1)

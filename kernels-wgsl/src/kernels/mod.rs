@@ -13,6 +13,8 @@ pub(crate) mod matmul_tune;
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) mod matmul_vec4;
 pub(crate) mod movement;
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) mod norm;
 pub(crate) mod pool;
 pub(crate) mod random;
 pub(crate) mod reduce;
@@ -62,6 +64,14 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
         Op::RandUniform { seed } => random::random(be, name, "uniform", seed, out),
         Op::RandNormal { seed } => random::random(be, name, "normal", seed, out),
         Op::CausalSoftmax { diagonal } => rowwise::causal_softmax(be, diagonal, arity::<1>(name, ins)?, out),
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::LayerNorm { eps } => norm::layer_norm(be, eps, arity::<1>(name, ins)?, out),
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::LayerNormBackward { eps } => norm::layer_norm_backward(be, eps, arity::<2>(name, ins)?, out),
+        #[cfg(target_arch = "wasm32")]
+        Op::LayerNorm { .. } | Op::LayerNormBackward { .. } => {
+            Err(Error::unsupported(name, "the browser build has no layer-norm kernels (layer_norm composes it)"))
+        }
         Op::Custom(c) => custom::custom(be, c, ins, out),
     }
 }

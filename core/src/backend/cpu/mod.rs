@@ -5,7 +5,7 @@
 //! This module owns the storage slab, the `Backend` impl and the dispatch from
 //! an `Op` to its kernel family. The kernels live in one module per family:
 //! `elementwise`, `reduce`, `matmul`, `movement`, `index`, `update`,
-//! `window`, `rowwise` (CausalSoftmax), `random`; `scalar` holds the element
+//! `window`, `rowwise` (CausalSoftmax), `norm` (LayerNorm), `random`; `scalar` holds the element
 //! traits they are generic over and `layout` the strided iteration they share.
 
 #[cfg(feature = "rayon")]
@@ -18,6 +18,8 @@ mod index;
 mod layout;
 mod matmul;
 mod movement;
+#[cfg(not(target_arch = "wasm32"))]
+mod norm;
 #[cfg(not(target_arch = "wasm32"))]
 mod portable_gemm;
 mod random;
@@ -417,6 +419,14 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>, portable: 
         Op::CausalSoftmax { diagonal } => rowwise::causal_softmax(diagonal, arity::<1>(name, ins)?, out, portable),
         #[cfg(target_arch = "wasm32")]
         Op::CausalSoftmax { diagonal } => rowwise::causal_softmax(diagonal, arity::<1>(name, ins)?, out),
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::LayerNorm { eps } => norm::layer_norm(eps, arity::<1>(name, ins)?, out),
+        #[cfg(not(target_arch = "wasm32"))]
+        Op::LayerNormBackward { eps } => norm::layer_norm_backward(eps, arity::<2>(name, ins)?, out),
+        #[cfg(target_arch = "wasm32")]
+        Op::LayerNorm { .. } | Op::LayerNormBackward { .. } => {
+            Err(Error::unsupported(name, "the browser build has no layer-norm kernels (layer_norm composes it)"))
+        }
         Op::Custom(c) => custom::custom(c, ins, out),
     }
 }
