@@ -17,6 +17,7 @@ import path from 'node:path';
 import zlib from 'node:zlib';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { wasmSizes } from './wasm-sizes.mjs';
+import { minify } from 'terser';
 
 const web = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 // KILN_WEB_PKG: build into another directory (e.g. to test a change while
@@ -492,6 +493,30 @@ export interface InitOptions {
  */
 export function threadInfo(): { threads: number; module: 'single-threaded' | 'multi-threaded' | 'none'; reason: string };
 `);
+
+// The JavaScript a page downloads is minified (terser: comments and
+// whitespace out, local names shortened; exported names, class names and
+// property names stay): wasm-bindgen's glue carries every Rust doc comment
+// as JSDoc, which index.d.ts and web/kiln_web.d.ts already give editors.
+// 34.5 -> 17.1 KB gzipped (web/README.md, Size). The Node.js entry points
+// (node.mjs, node.cjs) are not downloaded and stay as written; they import
+// the same minified glue. KILN_WEB_MINIFY=0 leaves the JS as generated.
+if (process.env.KILN_WEB_MINIFY !== '0') {
+  const downloaded = ['index.js', 'handles.js', 'web/kiln_web.js',
+    ...(threaded ? ['web-threads/kiln_web.js', 'web-threads/thread-start.js', 'web-threads/thread-worker.js'] : [])];
+  for (const f of downloaded) {
+    const file = path.join(pkg, f);
+    const result = await minify(fs.readFileSync(file, 'utf8'), {
+      module: true,
+      compress: { passes: 2 },
+      mangle: true,
+      keep_classnames: true,
+      // wasm-bindgen's pointer to the typings (Deno and some bundlers read it).
+      format: { comments: /@ts-self-types/ },
+    });
+    fs.writeFileSync(file, result.code + '\n');
+  }
+}
 
 // Metadata and README.
 const version = /\[workspace\.package\][^[]*?version\s*=\s*"([^"]+)"/s.exec(fs.readFileSync(path.join(web, '..', 'Cargo.toml'), 'utf8'))[1];
