@@ -27,7 +27,7 @@ if ! rustup run "$NIGHTLY" rustc --version >/dev/null 2>&1 \
    || ! rustup component list --installed --toolchain "$NIGHTLY" 2>/dev/null | grep -q '^rust-src'; then
   rustup toolchain install "$NIGHTLY" --profile minimal --component rust-src
 fi
-if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/binaryen ]; then
+if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/binaryen ] || [ ! -d node_modules/terser ]; then
   npm ci --no-audit --no-fund
 fi
 

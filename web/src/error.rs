@@ -12,19 +12,39 @@
 use wasm_bindgen::JsValue;
 
 /// An error on its way to JavaScript. Plain Rust data, so native tests can
-/// inspect it; it becomes a JS `Error` only at the wasm-bindgen boundary.
+/// inspect it (`error.message`, `.kind`, `.op` through `Deref`); it becomes
+/// a JS `Error` only at the wasm-bindgen boundary. Boxed, as kiln-core's
+/// `Error` is: a `Res<T>` is `T` and one pointer, which keeps every `?` of
+/// the bindings small (web/README.md, Size).
 #[derive(Clone, Debug, PartialEq)]
-pub struct KilnError {
+pub struct KilnError(Box<KilnErrorData>);
+
+/// What a `KilnError` says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KilnErrorData {
     pub message: String,
     pub kind: &'static str,
     pub op: &'static str,
+}
+
+impl std::ops::Deref for KilnError {
+    type Target = KilnErrorData;
+    fn deref(&self) -> &KilnErrorData {
+        &self.0
+    }
 }
 
 pub type Res<T> = Result<T, KilnError>;
 
 impl KilnError {
     pub fn new(kind: &'static str, op: &'static str, message: impl Into<String>) -> KilnError {
-        KilnError { message: message.into(), kind, op }
+        KilnError::boxed(kind, op, message.into())
+    }
+
+    /// The one non-generic body behind `new`.
+    #[inline(never)]
+    fn boxed(kind: &'static str, op: &'static str, message: String) -> KilnError {
+        KilnError(Box::new(KilnErrorData { message, kind, op }))
     }
 
     /// An argument JavaScript passed does not have the expected type.
@@ -41,7 +61,7 @@ impl std::fmt::Display for KilnError {
 
 impl From<kiln_core::Error> for KilnError {
     fn from(e: kiln_core::Error) -> KilnError {
-        KilnError { message: format!("{}: {}", e.op(), e.message()), kind: kind_name(e.kind()), op: e.op() }
+        KilnError::boxed(kind_name(e.kind()), e.op(), format!("{}: {}", e.op(), e.message()))
     }
 }
 

@@ -22,6 +22,7 @@
 use std::collections::{HashMap, HashSet};
 
 mod format;
+mod number;
 
 use format::{File, View};
 
@@ -315,8 +316,8 @@ fn read_optimizer_file(about: &About, with_scheduler: bool, bytes: &[u8]) -> Res
     // lr is restored; a NaN anywhere means a corrupt or hostile file).
     for (name, _) in &about.hyper {
         if let Some(text) = metadata.get(*name) {
-            match text.parse::<f64>() {
-                Ok(v) if v.is_finite() => {}
+            match number::parse_f64(text) {
+                Some(v) if v.is_finite() => {}
                 _ => {
                     return Err(Error::invalid(
                         OP,
@@ -326,7 +327,7 @@ fn read_optimizer_file(about: &About, with_scheduler: bool, bytes: &[u8]) -> Res
             }
         }
     }
-    let lr: f64 = field("lr")?.parse().map_err(|_| Error::invalid(OP, "the metadata's 'lr' is not a number"))?;
+    let lr = number::parse_f64(field("lr")?).ok_or_else(|| Error::invalid(OP, "the metadata's 'lr' is not a number"))?;
     if !(lr.is_finite() && lr >= 0.0) {
         return Err(Error::invalid(OP, format!("the metadata's lr = {lr} is not a finite number >= 0")));
     }
@@ -402,8 +403,8 @@ fn join(values: &[f64]) -> String {
 fn split_numbers(op: &'static str, key: &str, text: &str) -> Result<Vec<f64>> {
     let mut out = Vec::new();
     for piece in text.split(',').filter(|p| !p.is_empty()) {
-        match piece.parse::<f64>() {
-            Ok(v) if v.is_finite() => out.push(v),
+        match number::parse_f64(piece) {
+            Some(v) if v.is_finite() => out.push(v),
             _ => {
                 return Err(Error::invalid(op, format!("the metadata's '{key}' holds '{piece}', not a finite number")))
             }
