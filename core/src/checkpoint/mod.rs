@@ -327,7 +327,8 @@ fn read_optimizer_file(about: &About, with_scheduler: bool, bytes: &[u8]) -> Res
             }
         }
     }
-    let lr = number::parse_f64(field("lr")?).ok_or_else(|| Error::invalid(OP, "the metadata's 'lr' is not a number"))?;
+    let lr =
+        number::parse_f64(field("lr")?).ok_or_else(|| Error::invalid(OP, "the metadata's 'lr' is not a number"))?;
     if !(lr.is_finite() && lr >= 0.0) {
         return Err(Error::invalid(OP, format!("the metadata's lr = {lr} is not a finite number >= 0")));
     }
