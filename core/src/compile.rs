@@ -188,17 +188,14 @@ fn release_computed(graph: &Graph) {
     let device = graph.device().clone();
     let mut state = graph.state.borrow_mut();
     let state = &mut *state;
-    let mut kept = Vec::with_capacity(state.owned.len());
-    for &id in &state.owned {
-        let node = state.nodes[id as usize];
-        if node.op.is_leaf() {
+    let owned = std::mem::take(&mut state.owned);
+    let mut kept = Vec::with_capacity(owned.len());
+    for &id in &owned {
+        if state.nodes[id as usize].op.is_leaf() {
             kept.push(id);
             continue;
         }
-        if let Some(buffer) = state.values[id as usize].take() {
-            let len = SlabRange::of(&state.dims_slab, node.dims).iter().product();
-            device.give_back(buffer, node.dtype, len);
-        }
+        state.release_value(&device, id);
     }
     state.owned = kept;
 }

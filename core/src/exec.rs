@@ -37,6 +37,7 @@ use crate::device::Device;
 use crate::dtype::HostData;
 use crate::error::{Error, Result};
 use crate::graph::{flags, Graph, GraphState, NodeId, SlabRange, Tensor};
+use crate::op::Op;
 
 pub(crate) const NEEDED: u8 = 1;
 pub(crate) const TARGET: u8 = 2;
@@ -284,11 +285,7 @@ fn replay(
             }
         }
         for &node in plan.step_frees(k) {
-            let n = state.nodes[node as usize];
-            if let Some(buffer) = state.values[node as usize].take() {
-                let len = SlabRange::of(&state.dims_slab, n.dims).iter().product();
-                device.give_back(buffer, n.dtype, len);
-            }
+            state.release_value(device, node);
         }
     }
     Ok(())
@@ -308,7 +305,12 @@ fn gather_branches(
     marks: &[u8],
     batch: &mut SmallVec<[NodeId; MAX_BATCH]>,
 ) -> bool {
-    // Tiny nodes (a chain of scalar ops) do not pay for the look ahead.
+    // A node that shares its input's buffer runs no kernel: nothing to
+    // run beside. Tiny nodes (a chain of scalar ops) do not pay for the
+    // look ahead.
+    if shares_input(state, batch[0]) {
+        return false;
+    }
     let Some(first) = node_work(state, backend, batch[0]).filter(|&w| w >= c.min_node_work) else { return false };
     let limit = c.max_batch.min(MAX_BATCH);
     let mut total = first;
@@ -317,7 +319,7 @@ fn gather_branches(
             break;
         }
         let node = &state.nodes[id as usize];
-        if marks[id as usize] & RAN != 0 || node.op.is_leaf() {
+        if marks[id as usize] & RAN != 0 || node.op.is_leaf() || shares_input(state, id) {
             continue;
         }
         let ready = SlabRange::of(&state.input_slab, node.inputs).iter().all(|&i| state.values[i as usize].is_some());
@@ -330,6 +332,35 @@ fn gather_branches(
         }
     }
     total >= c.min_batch_work
+}
+
+/// Whether node `id` takes its input's buffer as its own value instead of
+/// running a kernel: a Reshape, or a Permute that moves only axes of size 1
+/// (the same elements in the same order), of a computed value. Not of a
+/// leaf, whose buffer the graph does not own or may overwrite (a
+/// parameter's, a compiled trace's inputs). The decision follows from the
+/// graph's structure alone, so a replayed plan makes it the same way.
+fn shares_input(state: &GraphState, id: NodeId) -> bool {
+    let node = &state.nodes[id as usize];
+    let same_order = match node.op {
+        Op::Reshape => true,
+        Op::Permute(perm) => {
+            let dims = SlabRange::of(&state.dims_slab, node.dims);
+            let mut moved = (0..dims.len()).filter(|&i| dims[i] != 1).map(|i| perm.get(i));
+            let mut last = moved.next();
+            moved.all(|axis| {
+                let ordered = last.is_none_or(|l| axis > l);
+                last = Some(axis);
+                ordered
+            })
+        }
+        _ => false,
+    };
+    same_order && node.inputs.len == 1 && {
+        let input = state.input_slab[node.inputs.start as usize];
+        let n = &state.nodes[input as usize];
+        !n.op.is_leaf() && n.dtype == node.dtype
+    }
 }
 
 /// The backend's estimate of a node's kernel (None: not one to run beside others).
@@ -356,6 +387,24 @@ fn run_batch(
     let len_of = |state: &GraphState, id: NodeId| -> usize {
         SlabRange::of(&state.dims_slab, state.nodes[id as usize].dims).iter().product()
     };
+    // Views of their input's buffer first: no kernel, no new buffer.
+    let mut kernels: SmallVec<[NodeId; INLINE_BATCH]> = SmallVec::new();
+    for &id in batch {
+        if !shares_input(state, id) {
+            kernels.push(id);
+            continue;
+        }
+        let node = state.nodes[id as usize];
+        let input = state.input_slab[node.inputs.start as usize];
+        let Some(buffer) = state.share_value(id, input) else {
+            return Err(Error::backend(node.op.name(), "the input has no value").at(node.location));
+        };
+        computed(id, buffer)?;
+    }
+    if kernels.is_empty() {
+        return Ok(());
+    }
+    let batch = &kernels[..];
     let mut outputs: SmallVec<[BufferId; INLINE_BATCH]> = SmallVec::new();
     let mut failure = None;
     for &id in batch {
@@ -475,9 +524,7 @@ fn release_inputs(
         if n.op.is_leaf() || pinned(n.flags, keep_saved) {
             continue;
         }
-        if let Some(buffer) = state.values[input].take() {
-            let len = SlabRange::of(&state.dims_slab, n.dims).iter().product();
-            device.give_back(buffer, n.dtype, len);
+        if state.release_value(device, input as NodeId) {
             freed.push(input as NodeId);
         }
     }

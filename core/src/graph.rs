@@ -100,6 +100,11 @@ pub(crate) struct GraphState {
     /// Regions with a user-written gradient (`autograd::custom_vjp`), in
     /// the order they were recorded.
     pub vjps: Vec<VjpRegion>,
+    /// Buffers held by more than one node (a Reshape shares its input's
+    /// buffer, see `exec`), with how many holders beyond the first: a
+    /// buffer goes back to the pool when its last holder lets go. Few at a
+    /// time (a list, not a map).
+    pub shared: Vec<(BufferId, u32)>,
     /// Executor scratch, reused between executions.
     pub scratch_uses: Vec<u32>,
     pub scratch_marks: Vec<u8>,
@@ -218,6 +223,7 @@ impl Graph {
                 scratch_uses: Vec::new(),
                 scratch_marks: Vec::new(),
                 scratch_order: Vec::new(),
+                shared: Vec::new(),
             }),
             grad_enabled: Cell::new(true),
             identity: NEXT_GRAPH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -273,6 +279,8 @@ impl Graph {
         let device = self.device.clone();
         let state = self.state.get_mut();
         release_owned_from(&device, state, 0);
+        debug_assert!(state.shared.is_empty(), "a shared buffer outlived every node holding it");
+        state.shared.clear();
         state.nodes.clear();
         state.input_slab.clear();
         state.dims_slab.clear();
@@ -406,10 +414,23 @@ impl Graph {
     /// the graph does not own, and for values not computed.
     pub(crate) fn take_value(&self, id: NodeId) -> Option<BufferId> {
         let mut state = self.state.borrow_mut();
-        if state.nodes[id as usize].op.is_leaf() {
+        let node = state.nodes[id as usize];
+        if node.op.is_leaf() {
             return None;
         }
-        state.values[id as usize].take()
+        let buffer = state.values[id as usize]?;
+        if !state.is_shared(buffer) {
+            return state.values[id as usize].take();
+        }
+        // Another node still reads the buffer: hand out a copy.
+        let len: usize = SlabRange::of(&state.dims_slab, node.dims).iter().product();
+        let copy = self.device.take_buffer(node.dtype, len).ok()?;
+        if self.device.backend().copy(buffer, copy, node.dtype, len).is_err() {
+            self.device.give_back(copy, node.dtype, len);
+            return None;
+        }
+        state.release_value(&self.device, id);
+        Some(copy)
     }
 
     /// A tensor of `dims` filled with `value`.
@@ -596,19 +617,53 @@ impl Drop for Graph {
 
 /// Give back every owned buffer of nodes with id >= `from`.
 fn release_owned_from(device: &Device, state: &mut GraphState, from: NodeId) {
+    let owned = std::mem::take(&mut state.owned);
     let mut kept = Vec::new();
-    for &id in &state.owned {
+    for &id in &owned {
         if id < from {
             kept.push(id);
             continue;
         }
-        if let Some(buffer) = state.values[id as usize].take() {
-            let node = state.nodes[id as usize];
-            let len = SlabRange::of(&state.dims_slab, node.dims).iter().product();
-            device.give_back(buffer, node.dtype, len);
-        }
+        state.release_value(device, id);
     }
     state.owned = kept;
+}
+
+impl GraphState {
+    /// Whether more than one node holds `buffer`.
+    pub(crate) fn is_shared(&self, buffer: BufferId) -> bool {
+        self.shared.iter().any(|&(b, _)| b == buffer)
+    }
+
+    /// Let node `id` hold the value of node `source` (computed) as well:
+    /// the buffer stays until both have let go. Returns the buffer.
+    pub(crate) fn share_value(&mut self, id: NodeId, source: NodeId) -> Option<BufferId> {
+        let buffer = self.values[source as usize]?;
+        match self.shared.iter_mut().find(|(b, _)| *b == buffer) {
+            Some((_, extra)) => *extra += 1,
+            None => self.shared.push((buffer, 1)),
+        }
+        self.values[id as usize] = Some(buffer);
+        self.owned.push(id);
+        Some(buffer)
+    }
+
+    /// Node `id` lets go of its value: the buffer goes back to the pool
+    /// unless another node still holds it. Returns whether it had a value.
+    pub(crate) fn release_value(&mut self, device: &Device, id: NodeId) -> bool {
+        let Some(buffer) = self.values[id as usize].take() else { return false };
+        if let Some(i) = self.shared.iter().position(|&(b, _)| b == buffer) {
+            self.shared[i].1 -= 1;
+            if self.shared[i].1 == 0 {
+                self.shared.swap_remove(i);
+            }
+            return true;
+        }
+        let node = self.nodes[id as usize];
+        let len = SlabRange::of(&self.dims_slab, node.dims).iter().product();
+        device.give_back(buffer, node.dtype, len);
+        true
+    }
 }
 
 #[track_caller]

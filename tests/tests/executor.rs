@@ -314,3 +314,79 @@ fn graph_reset_returns_every_intermediate_buffer() {
     p.zero_grad();
     assert_eq!(device.stats().live_buffers, base);
 }
+
+/// A Reshape (and a Permute that moves only axes of size 1) of a computed
+/// value runs no kernel: it holds its input's buffer. The buffer goes back
+/// to the pool only when every node holding it is done: here `a`'s last
+/// consumer runs before the reshape's, and a buffer freed too early would
+/// be handed to that consumer's output (the CPU refuses a kernel whose
+/// output is also its input, and values would be wrong). Real permutes
+/// still copy; reshapes of leaves copy (the graph does not own those
+/// buffers); nothing leaks.
+#[test]
+fn a_reshape_shares_its_input_buffer_until_every_holder_is_done() {
+    let device = Device::cpu();
+    let live = device.stats().live_buffers;
+    let data: Vec<f32> = (0..6).map(|i| i as f32 * 0.25).collect();
+    for plan_cache in [false, true] {
+        device.set_plan_cache(plan_cache);
+        // Twice: the second time replays the recorded plan when it is on.
+        for _ in 0..2 {
+            let graph = Graph::new(&device);
+            let x = graph.tensor_from(&data, &[2, 3]).unwrap();
+            let a = x.exp().unwrap();
+            let b = a.reshape_to(&[3, 2]).unwrap();
+            let c = a.add(1.0).unwrap();
+            let d = b.mul(2.0).unwrap();
+            let unit = b.reshape_to(&[3, 1, 2]).unwrap().permute(&[1, 0, 2]).unwrap().mul(3.0).unwrap();
+            let transposed = b.permute(&[1, 0]).unwrap();
+            let of_leaf = x.reshape_to(&[6]).unwrap();
+            let kernels = device.exec_stats().kernels;
+            graph.realize(&[c, d, unit, transposed, of_leaf]).unwrap();
+            let ran = device.exec_stats().kernels - kernels;
+            let e: Vec<f64> = data.iter().map(|&v| (v as f64).exp()).collect();
+            assert_close(&values(&c), &e.iter().map(|v| v + 1.0).collect::<Vec<_>>(), 1e-6);
+            assert_close(&values(&d), &e.iter().map(|v| v * 2.0).collect::<Vec<_>>(), 1e-6);
+            assert_close(&values(&unit), &e.iter().map(|v| v * 3.0).collect::<Vec<_>>(), 1e-6);
+            let t: Vec<f64> = [0, 2, 4, 1, 3, 5].iter().map(|&i| e[i]).collect();
+            assert_close(&values(&transposed), &t, 1e-6);
+            assert_eq!(values(&of_leaf), data.iter().map(|&v| v as f64).collect::<Vec<_>>());
+            // exp, add, mul, mul, the transpose and the leaf's reshape; the
+            // three views of `a`'s buffer run nothing (fused element-wise
+            // groups count as one kernel, so at most this many).
+            assert!(ran <= 6, "{ran} kernels ran");
+            drop(graph);
+            assert_eq!(device.stats().live_buffers, live, "a buffer leaked");
+        }
+    }
+    device.set_plan_cache(true);
+}
+
+/// A gradient that ends in a Reshape (a broadcast bias's: a sum kept 2-D,
+/// reshaped to the bias's shape) shares the sum's buffer; the parameter
+/// gets the right gradient, step after step, and every buffer comes back.
+#[test]
+fn a_reshaped_gradient_reaches_its_parameter() {
+    let device = Device::cpu();
+    let bias = Param::new(&device, "bias", &[0.5f32, -1.0, 2.0], &[3]).unwrap();
+    let weight = Param::new(&device, "weight", &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let live = device.stats().live_buffers;
+    for step in 0..3 {
+        bias.zero_grad();
+        weight.zero_grad();
+        let graph = Graph::new(&device);
+        let x = graph.tensor_from(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], &[4, 2]).unwrap();
+        let y = x.matmul(graph.param(&weight).unwrap()).unwrap().add(graph.param(&bias).unwrap()).unwrap();
+        let loss = y.reshape_to(&[2, 2, 3]).unwrap().square().unwrap().sum_all().unwrap();
+        loss.backward().unwrap();
+        // d/dbias sum((xW + b)²) = 2 · Σ_rows (xW + b).
+        let xs = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]];
+        let w = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]];
+        let b = [0.5, -1.0, 2.0];
+        let expected: Vec<f64> =
+            (0..3).map(|j| xs.iter().map(|r| 2.0 * (r[0] * w[0][j] + r[1] * w[1][j] + b[j])).sum()).collect();
+        assert_close(&param_grad(&bias), &expected, 1e-5);
+        drop(graph);
+        assert_eq!(device.stats().live_buffers, live + 2, "step {step}: the two gradients and nothing else");
+    }
+}

@@ -316,8 +316,14 @@ impl Graph {
                 // node can serve several parameters (for y = p + q both get
                 // the same node), and then every one of them copies.
                 let shared = param_grads.iter().filter(|&&n| n == g).count() > 1;
-                let take = g >= plan.first_new && !node.op.is_leaf() && !shared && !kept_ids.contains(&g);
                 let buffer = state.values[g as usize].expect("gradient was realized");
+                // A buffer another node also holds (a reshaped gradient whose
+                // source is still alive) is copied, never handed over.
+                let take = g >= plan.first_new
+                    && !node.op.is_leaf()
+                    && !shared
+                    && !kept_ids.contains(&g)
+                    && !state.is_shared(buffer);
                 if take {
                     state.values[g as usize] = None;
                 }
