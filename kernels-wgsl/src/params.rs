@@ -156,6 +156,14 @@ pub struct Window {
     pub pad: [u32; 2],
 }
 
+/// window_folded.wgsl: the geometry and the batch folded into the columns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Folded {
+    pub window: Window,
+    pub batch: u32,
+}
+
 /// pool.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -260,6 +268,7 @@ mod tests {
             }),
             layout!(Window { n, image, positions, kernel, stride, dilation, pad }),
             layout!(Pool { window, empty }),
+            layout!(Folded { window, batch }),
             layout!(Random { n, keys }),
             layout!(Rowwise { rows, l, s, diagonal, groups, parts }),
             layout!(Norm { rows, n, eps }),

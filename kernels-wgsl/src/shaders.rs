@@ -47,6 +47,7 @@ pub const MOVEMENT: &str = wgsl_file!("shaders/movement.wgsl");
 pub const INDEX: &str = wgsl_file!("shaders/index.wgsl");
 pub const UPDATE: &str = wgsl_file!("shaders/update.wgsl");
 pub const WINDOW: &str = wgsl_file!("shaders/window.wgsl");
+pub const WINDOW_FOLDED: &str = wgsl_file!("shaders/window_folded.wgsl");
 pub const POOL: &str = wgsl_file!("shaders/pool.wgsl");
 pub const RANDOM: &str = wgsl_file!("shaders/random.wgsl");
 pub const ROWWISE: &str = wgsl_file!("shaders/rowwise.wgsl");
@@ -72,6 +73,7 @@ pub const FILES: [(&str, &str); 22] = [
     ("index.wgsl", INDEX),
     ("update.wgsl", UPDATE),
     ("window.wgsl", WINDOW),
+    ("window_folded.wgsl", WINDOW_FOLDED),
     ("pool.wgsl", POOL),
     ("random.wgsl", RANDOM),
     ("rowwise.wgsl", ROWWISE),
@@ -145,6 +147,10 @@ pub enum Kernel {
     Update,
     /// window.wgsl (Im2Col, Col2Im) with the given element type (f32, i32).
     Window(Ty),
+    /// window_folded.wgsl: Im2Col and Col2Im with the batch folded into the
+    /// columns (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    WindowFolded(Ty),
     /// pool.wgsl (MaxPool2d and its adjoint, f32).
     Pool,
     /// random.wgsl (RandUniform, RandNormal, f32).
@@ -185,6 +191,8 @@ impl Kernel {
             ],
             Kernel::Update => &["sgd", "sgd_momentum", "adam"],
             Kernel::Window(_) => &["im2col", "col2im"],
+            #[cfg(not(target_arch = "wasm32"))]
+            Kernel::WindowFolded(_) => &["im2col", "col2im"],
             Kernel::Pool => &["forward", "first_maxima", "backward"],
             Kernel::Chunks => &["combine", "accumulate"],
             Kernel::Random => &["uniform", "normal"],
@@ -252,6 +260,10 @@ impl Kernel {
             Kernel::Update => UPDATE.to_string(),
             Kernel::Window(Ty::U32) => return None, // the CPU has no bool Im2Col either
             Kernel::Window(t) => specialise(WINDOW, &[alias("T", t)]),
+            #[cfg(not(target_arch = "wasm32"))]
+            Kernel::WindowFolded(Ty::U32) => return None,
+            #[cfg(not(target_arch = "wasm32"))]
+            Kernel::WindowFolded(t) => specialise(WINDOW_FOLDED, &[alias("T", t)]),
             Kernel::Pool => POOL.to_string(),
             Kernel::Random => RANDOM.to_string(),
             Kernel::Rowwise => ROWWISE.to_string(),
@@ -502,6 +514,8 @@ pub fn all_kernels() -> Vec<Kernel> {
     }
     for t in Ty::ALL {
         v.push(Kernel::Window(t));
+        #[cfg(not(target_arch = "wasm32"))]
+        v.push(Kernel::WindowFolded(t));
         v.push(Kernel::Fill(t));
         v.push(Kernel::Where(t));
         v.push(Kernel::Index(t));
@@ -702,12 +716,12 @@ mod tests {
         // fill, where, index x 3 types; 9 casts; the unary and binary ops
         // the table gives an f32 or i32 kernel (every op with one must have
         // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
-        // copy, update; window x 2 types (f32, i32); pool, random, rowwise,
-        // norm; the vec4 matmul's 4 operand layouts.
+        // copy, update; window and folded window x 2 types (f32, i32);
+        // pool, random, rowwise, norm; the vec4 matmul's 4 operand layouts.
         let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
         let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
             + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 4 + 4, "{kernels:?}");
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 2 + 4 + 4, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);

@@ -868,6 +868,28 @@ fn im2col_and_col2im_forward_and_backward() {
     });
 }
 
+/// A convolution whose batch folds into one product (`nn::Conv2d` when each
+/// sample has fewer window positions than rows: 49 < 6·9 here), natively:
+/// the folded Im2Col and Col2Im kernels (window_folded.wgsl) on wgpu
+/// against the CPU, forward and through the input and weight gradients,
+/// strided and padded.
+#[test]
+fn folded_convolution_forward_and_backward() {
+    let Some(wg) = wgpu_device() else { return };
+    let x = rand(3 * 6 * 7 * 7, 76, -1.0, 1.0);
+    for (stride, padding) in [([1, 1], [1, 1]), ([2, 1], [0, 1])] {
+        backward(&wg, "folded conv2d", SUMS, |g| {
+            let options = ConvOptions { stride, padding, ..ConvOptions::default() };
+            let conv = Conv2d::new(g.device(), 6, 5, [3, 3], options, 3)?;
+            let v = g.variable(&x, &[3, 6, 7, 7])?;
+            let y = conv.forward(v)?;
+            // The case must take the folded path (its output is permuted).
+            assert_eq!(g.count_ops("Permute"), 1, "the convolution did not fold");
+            Ok((vec![y], vec![v, g.param(&conv.weight)?]))
+        });
+    }
+}
+
 /// Values on a coarse grid (many ties within a window), with NaNs at
 /// `nans` positions.
 fn pool_input(n: usize, seed: u64, nans: &[usize]) -> Vec<f32> {

@@ -203,11 +203,22 @@ pub(crate) fn input_gradients<'g>(
             0 => Ok(g),
             _ => g.index_select(axis as isize, x[1]),
         }),
+        // The folded layout (rank 2, native only) has a folded adjoint.
         Op::Im2Col(window) => {
             let d = x[0].dims();
+            #[cfg(not(target_arch = "wasm32"))]
+            if g.rank() == 2 {
+                return one(g.col2im_folded([d[2], d[3]], window));
+            }
             one(g.col2im([d[2], d[3]], window))
         }
-        Op::Col2Im { window, .. } => one(g.im2col(window)),
+        Op::Col2Im { window, .. } => {
+            #[cfg(not(target_arch = "wasm32"))]
+            if x[0].rank() == 2 {
+                return one(g.im2col_folded(window));
+            }
+            one(g.im2col(window))
+        }
         Op::MaxPool2d(window) => one(x[0].max_pool2d_backward(g, window)),
         Op::MaxPool2dBackward(window) => Ok(smallvec![None, Some(max_pool_gather(x[0], g, window)?)]),
         // dx = y · (g - Σ_j g_j y_j): masked entries have y = 0, so they get

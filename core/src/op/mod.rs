@@ -233,10 +233,13 @@ pub enum Op {
     },
     /// [N, C, H, W] → [N, C·kh·kw, OH·OW]: every window position's pixels as
     /// a column (row index c·kh·kw + i·kw + j), zeros where the window
-    /// covers padding.
+    /// covers padding. With a rank-2 output [C·kh·kw, N·OH·OW] the batch is
+    /// folded into the columns (sample n's positions are columns n·OH·OW..;
+    /// natively only: recorded by `nn::Conv2d`).
     Im2Col(Window2d),
-    /// The adjoint of Im2Col: [N, C·kh·kw, OH·OW] → [N, C, H, W], summing
-    /// the contributions of overlapping windows. `image` is (H, W).
+    /// The adjoint of Im2Col: [N, C·kh·kw, OH·OW] (or the folded
+    /// [C·kh·kw, N·OH·OW]) → [N, C, H, W], summing the contributions of
+    /// overlapping windows. `image` is (H, W).
     Col2Im {
         window: Window2d,
         image: [u32; 2],

@@ -56,11 +56,66 @@ fn output_size(op: &'static str, window: &Window2d, image: [usize; 2]) -> Result
     }
 }
 
+/// Col2Im's checks common to both layouts: the columns' rank, the window
+/// fitting the image, the image fitting u32. (kernel elements, positions).
+#[track_caller]
+fn col2im_check(d: &[usize], rank: usize, image: [usize; 2], window: Window2d) -> Result<(usize, usize)> {
+    let k = checked_product(
+        "Col2Im",
+        || format!("a {:?} window", window.kernel),
+        &[window.kernel[0] as usize, window.kernel[1] as usize],
+    )?;
+    let [oh, ow] = output_size("Col2Im", &window, image)?;
+    let positions = checked_product("Col2Im", || format!("{oh}x{ow} window positions"), &[oh, ow])?;
+    if d.len() != rank {
+        return Err(col2im_mismatch(d, image, window, k, positions));
+    }
+    if image.iter().any(|&x| x > u32::MAX as usize) {
+        return Err(Error::invalid("Col2Im", "image too large"));
+    }
+    Ok((k, positions))
+}
+
+#[track_caller]
+fn col2im_mismatch(d: &[usize], image: [usize; 2], window: Window2d, k: usize, positions: usize) -> Error {
+    let expected = if d.len() == 2 { format!("[C·{k}, N·{positions}]") } else { format!("[N, C·{k}, {positions}]") };
+    Error::shape(
+        "Col2Im",
+        format!(
+            "columns {} do not fit a {}x{} image with a {:?} window (expected {expected})",
+            fmt_dims(d),
+            image[0],
+            image[1],
+            window.kernel,
+        ),
+    )
+}
+
 impl<'g> Tensor<'g> {
     /// Unfold [N, C, H, W] into columns [N, C·kh·kw, OH·OW] (zero padding).
     #[track_caller]
     pub fn im2col(self, window: Window2d) -> Result<Tensor<'g>> {
-        let [n, c, h, w] = nchw("Im2Col", &self)?;
+        let dims = self.im2col_dims(window)?;
+        self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), Location::caller())
+    }
+
+    /// Unfold [N, C, H, W] into columns [C·kh·kw, N·OH·OW]: `im2col` with
+    /// the batch folded into the columns (sample n's window positions are
+    /// columns n·OH·OW..), so that a convolution is one matrix product for
+    /// the whole batch (`nn::Conv2d`). Natively only (the browser build's
+    /// convolution multiplies sample by sample).
+    #[cfg(not(target_arch = "wasm32"))]
+    #[track_caller]
+    pub(crate) fn im2col_folded(self, window: Window2d) -> Result<Tensor<'g>> {
+        let [n, rows, positions] = self.im2col_dims(window)?;
+        let columns =
+            checked_product("Im2Col", || format!("{n} images x {positions} window positions"), &[n, positions])?;
+        self.graph.record(Op::Im2Col(window), &[self.id], &[rows, columns], self.dtype(), Location::caller())
+    }
+
+    #[track_caller]
+    fn im2col_dims(&self, window: Window2d) -> Result<[usize; 3]> {
+        let [n, c, h, w] = nchw("Im2Col", self)?;
         let [oh, ow] = output_size("Im2Col", &window, [h, w])?;
         let rows = checked_product(
             "Im2Col",
@@ -68,8 +123,7 @@ impl<'g> Tensor<'g> {
             &[c, window.kernel[0] as usize, window.kernel[1] as usize],
         )?;
         let cols = checked_product("Im2Col", || format!("{oh}x{ow} window positions"), &[oh, ow])?;
-        let dims = [n, rows, cols];
-        self.graph.record(Op::Im2Col(window), &[self.id], &dims, self.dtype(), Location::caller())
+        Ok([n, rows, cols])
     }
 
     /// Fold columns [N, C·kh·kw, OH·OW] back into [N, C, H, W], summing
@@ -77,30 +131,26 @@ impl<'g> Tensor<'g> {
     #[track_caller]
     pub fn col2im(self, image: [usize; 2], window: Window2d) -> Result<Tensor<'g>> {
         let d = self.dims();
-        let k = checked_product(
-            "Col2Im",
-            || format!("a {:?} window", window.kernel),
-            &[window.kernel[0] as usize, window.kernel[1] as usize],
-        )?;
-        let [oh, ow] = output_size("Col2Im", &window, image)?;
-        let positions = checked_product("Col2Im", || format!("{oh}x{ow} window positions"), &[oh, ow])?;
-        if d.len() != 3 || d[1] % k != 0 || d[2] != positions {
-            return Err(Error::shape(
-                "Col2Im",
-                format!(
-                    "columns {} do not fit a {}x{} image with a {:?} window (expected [N, C·{k}, {}])",
-                    fmt_dims(&d),
-                    image[0],
-                    image[1],
-                    window.kernel,
-                    positions
-                ),
-            ));
-        }
-        if image.iter().any(|&x| x > u32::MAX as usize) {
-            return Err(Error::invalid("Col2Im", "image too large"));
+        let (k, positions) = col2im_check(&d, 3, image, window)?;
+        if d[1] % k != 0 || d[2] != positions {
+            return Err(col2im_mismatch(&d, image, window, k, positions));
         }
         let dims = [d[0], d[1] / k, image[0], image[1]];
+        let op = Op::Col2Im { window, image: [image[0] as u32, image[1] as u32] };
+        self.graph.record(op, &[self.id], &dims, self.dtype(), Location::caller())
+    }
+
+    /// The adjoint of `im2col_folded`: columns [C·kh·kw, N·OH·OW] back into
+    /// [N, C, H, W], summing overlaps. `image` is (H, W).
+    #[cfg(not(target_arch = "wasm32"))]
+    #[track_caller]
+    pub(crate) fn col2im_folded(self, image: [usize; 2], window: Window2d) -> Result<Tensor<'g>> {
+        let d = self.dims();
+        let (k, positions) = col2im_check(&d, 2, image, window)?;
+        if d[0] % k != 0 || positions == 0 || d[1] % positions != 0 {
+            return Err(col2im_mismatch(&d, image, window, k, positions));
+        }
+        let dims = [d[1] / positions, d[0] / k, image[0], image[1]];
         let op = Op::Col2Im { window, image: [image[0] as u32, image[1] as u32] };
         self.graph.record(op, &[self.id], &dims, self.dtype(), Location::caller())
     }

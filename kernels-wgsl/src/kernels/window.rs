@@ -9,6 +9,8 @@ use kiln_core::Result;
 
 use super::{ty, unsupported_dtype};
 use crate::geometry::word;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::params::Folded;
 use crate::params::{words, Window};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
@@ -66,12 +68,15 @@ fn window_ty(op: &'static str, x: &TensorRef<'_>) -> Result<Ty> {
 pub(crate) fn im2col(be: &WgpuBackend, window: &Window2d, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
     const OP: &str = "Im2Col";
     let d = x.dims;
-    if d.len() != 4 || out.dims.len() != 3 || x.dtype != out.dtype {
+    let folded = out.dims.len() == 2 && cfg!(not(target_arch = "wasm32"));
+    if d.len() != 4 || (out.dims.len() != 3 && !folded) || x.dtype != out.dtype {
         return Err(mismatch(OP, d, out.dims));
     }
     let t = window_ty(OP, x)?;
     let [oh, ow] = output_size(OP, window, d[2], d[3])?;
-    if out.dims != [d[0], d[1] * window.kernel_elements(), oh * ow] {
+    let (rows, l) = (d[1] * window.kernel_elements(), oh * ow);
+    let want: &[usize] = if folded { &[rows, d[0] * l] } else { &[d[0], rows, l] };
+    if out.dims != want {
         return Err(mismatch(OP, d, out.dims));
     }
     let n = out.numel();
@@ -80,6 +85,11 @@ pub(crate) fn im2col(be: &WgpuBackend, window: &Window2d, [x]: &[TensorRef<'_>; 
     }
     let params = geometry(OP, window, n, x.numel(), [d[2], d[3]], [oh, ow])?;
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
+    #[cfg(not(target_arch = "wasm32"))]
+    if folded {
+        let params = Folded { window: params, batch: word(OP, d[0])? };
+        return be.launch(OP, Kernel::WindowFolded(t), "im2col", &args, words(&params), be.grid_for(OP, n)?);
+    }
     be.launch(OP, Kernel::Window(t), "im2col", &args, words(&params), be.grid_for(OP, n)?)
 }
 
@@ -94,9 +104,14 @@ pub(crate) fn col2im(
     let d = cols.dims;
     let (h, w) = (image[0] as usize, image[1] as usize);
     let [oh, ow] = output_size(OP, window, h, w)?;
-    let k = window.kernel_elements();
-    let ok = d.len() == 3 && d[1] % k == 0 && d[2] == oh * ow && cols.dtype == out.dtype;
-    if !ok || out.dims != [d[0], d[1] / k, h, w] {
+    let (k, l) = (window.kernel_elements(), oh * ow);
+    let folded = d.len() == 2 && cfg!(not(target_arch = "wasm32"));
+    let o = out.dims;
+    let fits = |o: &[usize]| {
+        let columns: &[usize] = if folded { &[o[1] * k, o[0] * l] } else { &[o[0], o[1] * k, l] };
+        o[2..] == [h, w] && d == columns
+    };
+    if o.len() != 4 || cols.dtype != out.dtype || !fits(o) {
         return Err(mismatch(OP, d, out.dims));
     }
     let t = window_ty(OP, cols)?;
@@ -106,5 +121,10 @@ pub(crate) fn col2im(
     }
     let params = geometry(OP, window, n, cols.numel(), [h, w], [oh, ow])?;
     let args = [(1, Arg::input(cols)), (2, Arg::output(out))];
+    #[cfg(not(target_arch = "wasm32"))]
+    if folded {
+        let params = Folded { window: params, batch: word(OP, o[0])? };
+        return be.launch(OP, Kernel::WindowFolded(t), "col2im", &args, words(&params), be.grid_for(OP, n)?);
+    }
     be.launch(OP, Kernel::Window(t), "col2im", &args, words(&params), be.grid_for(OP, n)?)
 }

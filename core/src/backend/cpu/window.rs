@@ -76,91 +76,121 @@ fn check(op: &'static str, ok: bool, dims: &[usize], out: &[usize]) -> Result<()
     }
 }
 
+/// Im2Col into [N, C·k, L] or, folded (rank-2 output, native only), into
+/// [C·k, N·L]: the same rows of L window positions, laid out per sample or
+/// side by side. Each row comes from `im2col_row` either way.
 pub(super) fn im2col(window: &Window2d, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Im2Col";
     let d = x.dims;
-    check(OP, d.len() == 4 && out.dims.len() == 3 && x.dtype == out.dtype, d, out.dims)?;
+    let folded = out.dims.len() == 2 && cfg!(not(target_arch = "wasm32"));
+    check(OP, d.len() == 4 && (out.dims.len() == 3 || folded) && x.dtype == out.dtype, d, out.dims)?;
     let g = Geometry::new(OP, window, d[2], d[3])?;
-    let k = g.kh * g.kw;
-    check(OP, out.dims == [d[0], d[1] * k, g.oh * g.ow], d, out.dims)?;
-    let plane_out = k * g.oh * g.ow;
-    if plane_out == 0 || out.numel() == 0 {
+    let (n, c, k, l) = (d[0], d[1], g.kh * g.kw, g.oh * g.ow);
+    let want: &[usize] = if folded { &[c * k, n * l] } else { &[n, c * k, l] };
+    check(OP, out.dims == want, d, out.dims)?;
+    if l == 0 || out.numel() == 0 {
         return Ok(());
     }
+    let plane = g.h * g.w;
     with_num!(x.dtype, OP, T => {
         let src = x.slice::<T>(OP)?;
-        for_chunks(out.slice::<T>(OP)?, plane_out, |start, chunk| {
-            for (p, dst) in chunk.chunks_exact_mut(plane_out).enumerate() {
-                let plane = &src[(start / plane_out + p) * g.h * g.w..][..g.h * g.w];
-                im2col_plane(&g, plane, dst);
-            }
-        });
+        if folded {
+            // Row (ch, tap): the tap's positions in every sample.
+            for_chunks(out.slice::<T>(OP)?, n * l, |start, chunk| {
+                for (r, row) in chunk.chunks_exact_mut(n * l).enumerate() {
+                    let (ch, tap) = ((start / (n * l) + r) / k, (start / (n * l) + r) % k);
+                    for (b, part) in row.chunks_exact_mut(l).enumerate() {
+                        im2col_row(&g, &src[(b * c + ch) * plane..][..plane], tap, part);
+                    }
+                }
+            });
+        } else {
+            for_chunks(out.slice::<T>(OP)?, k * l, |start, chunk| {
+                for (p, dst) in chunk.chunks_exact_mut(k * l).enumerate() {
+                    let image = &src[(start / (k * l) + p) * plane..][..plane];
+                    for (tap, row) in dst.chunks_exact_mut(l).enumerate() {
+                        im2col_row(&g, image, tap, row);
+                    }
+                }
+            });
+        }
         Ok(())
     })
 }
 
-fn im2col_plane<T: Scalar>(g: &Geometry, plane: &[T], dst: &mut [T]) {
-    let l = g.oh * g.ow;
-    for i in 0..g.kh {
-        for j in 0..g.kw {
-            let row = &mut dst[(i * g.kw + j) * l..][..l];
-            for oy in 0..g.oh {
-                let out_row = &mut row[oy * g.ow..][..g.ow];
-                match g.row(oy, i) {
-                    None => out_row.fill(T::from_f64(0.0)),
-                    Some(y) if g.sw == 1 => {
-                        // Consecutive pixels: one copy, zeros either side.
-                        let (ox0, ox1, x0) = g.unit_stride_cols(j);
-                        out_row[..ox0].fill(T::from_f64(0.0));
-                        out_row[ox0..ox1].copy_from_slice(&plane[y * g.w + x0..][..ox1 - ox0]);
-                        out_row[ox1..].fill(T::from_f64(0.0));
-                    }
-                    Some(y) => {
-                        for (ox, v) in out_row.iter_mut().enumerate() {
-                            *v = match g.col(ox, j) {
-                                Some(x) => plane[y * g.w + x],
-                                None => T::from_f64(0.0),
-                            };
-                        }
-                    }
+/// The pixels under kernel tap i·kw + j at every window position (zeros in
+/// the padding): one row of L = oh·ow columns.
+fn im2col_row<T: Scalar>(g: &Geometry, plane: &[T], tap: usize, row: &mut [T]) {
+    let (i, j) = (tap / g.kw, tap % g.kw);
+    for oy in 0..g.oh {
+        let out_row = &mut row[oy * g.ow..][..g.ow];
+        match g.row(oy, i) {
+            None => out_row.fill(T::from_f64(0.0)),
+            Some(y) if g.sw == 1 => {
+                // Consecutive pixels: one copy, zeros either side.
+                let (ox0, ox1, x0) = g.unit_stride_cols(j);
+                out_row[..ox0].fill(T::from_f64(0.0));
+                out_row[ox0..ox1].copy_from_slice(&plane[y * g.w + x0..][..ox1 - ox0]);
+                out_row[ox1..].fill(T::from_f64(0.0));
+            }
+            Some(y) => {
+                for (ox, v) in out_row.iter_mut().enumerate() {
+                    *v = match g.col(ox, j) {
+                        Some(x) => plane[y * g.w + x],
+                        None => T::from_f64(0.0),
+                    };
                 }
             }
         }
     }
 }
 
+/// Col2Im from [N, C·k, L] or, folded (rank-2 input, native only), from
+/// [C·k, N·L]: each image plane sums the same rows in the same order
+/// (`col2im_plane`), so both layouts give the same bits.
 pub(super) fn col2im(window: &Window2d, image: [u32; 2], [cols]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "Col2Im";
     let d = cols.dims;
     let (h, w) = (image[0] as usize, image[1] as usize);
     let g = Geometry::new(OP, window, h, w)?;
-    let k = g.kh * g.kw;
-    let ok = d.len() == 3 && d[1] % k == 0 && d[2] == g.oh * g.ow && cols.dtype == out.dtype;
-    check(OP, ok && out.dims == [d[0], d[1] / k, h, w], d, out.dims)?;
+    let (k, l) = (g.kh * g.kw, g.oh * g.ow);
+    let folded = d.len() == 2 && cfg!(not(target_arch = "wasm32"));
+    let o = out.dims;
+    let fits = |o: &[usize]| {
+        let columns: &[usize] = if folded { &[o[1] * k, o[0] * l] } else { &[o[0], o[1] * k, l] };
+        o[2..] == [h, w] && d == columns
+    };
+    check(OP, o.len() == 4 && cols.dtype == out.dtype && fits(o), d, out.dims)?;
     let plane = h * w;
     if plane == 0 || out.numel() == 0 {
         return Ok(());
     }
-    let per_plane = k * g.oh * g.ow;
+    let (n, c) = (o[0], o[1]);
     with_num!(cols.dtype, OP, T => {
         let src = cols.slice::<T>(OP)?;
         for_chunks(out.slice::<T>(OP)?, plane, |start, chunk| {
             for (p, dst) in chunk.chunks_exact_mut(plane).enumerate() {
-                let columns = &src[(start / plane + p) * per_plane..][..per_plane];
-                col2im_plane(&g, columns, dst);
+                let index = start / plane + p;
+                if folded {
+                    let (b, ch) = (index / c, index % c);
+                    col2im_plane(&g, |tap| &src[((ch * k + tap) * n + b) * l..][..l], dst);
+                } else {
+                    let columns = &src[index * k * l..][..k * l];
+                    col2im_plane(&g, |tap| &columns[tap * l..][..l], dst);
+                }
             }
         });
         Ok(())
     })
 }
 
-/// Accumulate in the fixed order (i, j, oy, ox): deterministic.
-fn col2im_plane<T: super::scalar::Num>(g: &Geometry, columns: &[T], dst: &mut [T]) {
+/// Accumulate in the fixed order (i, j, oy, ox): deterministic. `row(tap)`
+/// is the plane's row of L columns for kernel tap i·kw + j.
+fn col2im_plane<'a, T: super::scalar::Num>(g: &Geometry, row: impl Fn(usize) -> &'a [T], dst: &mut [T]) {
     dst.fill(T::from_f64(0.0));
-    let l = g.oh * g.ow;
     for i in 0..g.kh {
         for j in 0..g.kw {
-            let row = &columns[(i * g.kw + j) * l..][..l];
+            let row = row(i * g.kw + j);
             for oy in 0..g.oh {
                 let Some(y) = g.row(oy, i) else { continue };
                 if g.sw == 1 {
@@ -627,6 +657,83 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The folded layout ([C·k, N·L], rank 2) against the per-sample one
+    /// ([N, C·k, L]) moved sample by sample: Im2Col gives the same values
+    /// and Col2Im the same bits (random f32 sums, so any change of order
+    /// would show), over padded, strided and dilated windows, and on 1 and
+    /// 3 threads. Malformed folded shapes are refused.
+    #[cfg(feature = "rayon")]
+    #[test]
+    fn folded_columns_match_the_per_sample_layout() {
+        let f32s = |v: &[f32]| CpuStorage::F32(v.to_vec());
+        let take = |s: CpuStorage| match s {
+            CpuStorage::F32(v) => v,
+            _ => unreachable!(),
+        };
+        for (h, w) in [(7, 6), (11, 11), (3, 9)] {
+            for (kernel, stride, pad, dil) in
+                [([3, 3], [1, 1], [0, 0], [1, 1]), ([3, 2], [2, 1], [1, 1], [1, 1]), ([2, 2], [1, 2], [2, 0], [2, 1])]
+            {
+                let window = Window2d::new(kernel, stride, pad, dil).unwrap();
+                let Ok(g) = Geometry::new("test", &window, h, w) else { continue };
+                let (n, c, k, l) = (3, 2, g.kh * g.kw, g.oh * g.ow);
+                let xd = [n, c, h, w];
+                let x: Vec<f32> = (0..n * c * h * w).map(|i| ((i as f32) * 0.37).sin()).collect();
+                let (per, folded) = ([n, c * k, l], [c * k, n * l]);
+                let run = |threads: usize| {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    pool.install(|| {
+                        let xs = f32s(&x);
+                        let input = [In { data: &xs, dims: &xd, dtype: DType::F32 }];
+                        let mut o = f32s(&vec![9.0; n * c * k * l]);
+                        im2col(&window, &input, &mut Out { data: &mut o, dims: &per, dtype: DType::F32 }).unwrap();
+                        let cols = take(o);
+                        let mut o = f32s(&vec![9.0; n * c * k * l]);
+                        im2col(&window, &input, &mut Out { data: &mut o, dims: &folded, dtype: DType::F32 }).unwrap();
+                        let cols_folded = take(o);
+                        // Random columns for the adjoint, in both layouts.
+                        let cv: Vec<f32> = (0..cols.len()).map(|i| ((i as f32) * 1.91).cos() * 3.0).collect();
+                        let mut cv_folded = vec![0.0; cv.len()];
+                        for b in 0..n {
+                            for r in 0..c * k {
+                                cv_folded[(r * n + b) * l..][..l].copy_from_slice(&cv[(b * c * k + r) * l..][..l]);
+                                assert_eq!(
+                                    cols_folded[(r * n + b) * l..][..l],
+                                    cols[(b * c * k + r) * l..][..l],
+                                    "im2col {window:?} {h}x{w}"
+                                );
+                            }
+                        }
+                        let fold = |cols: &[f32], dims: &[usize]| {
+                            let cs = f32s(cols);
+                            let mut o = f32s(&vec![9.0; n * c * h * w]);
+                            let image = [h as u32, w as u32];
+                            let input = [In { data: &cs, dims, dtype: DType::F32 }];
+                            col2im(&window, image, &input, &mut Out { data: &mut o, dims: &xd, dtype: DType::F32 })
+                                .unwrap();
+                            take(o).iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                        };
+                        let image = fold(&cv, &per);
+                        assert_eq!(fold(&cv_folded, &folded), image, "col2im {window:?} {h}x{w}");
+                        (cols_folded, image)
+                    })
+                };
+                assert_eq!(run(1), run(3));
+                // A folded shape that does not hold whole images.
+                let xs = f32s(&x);
+                let bad = [c * k, n * l - 1];
+                let mut o = f32s(&vec![0.0; c * k * (n * l - 1)]);
+                let input = [In { data: &xs, dims: &xd, dtype: DType::F32 }];
+                assert!(im2col(&window, &input, &mut Out { data: &mut o, dims: &bad, dtype: DType::F32 }).is_err());
+                let cs = f32s(&vec![0.0; c * k * (n * l - 1)]);
+                let mut o = f32s(&vec![0.0; n * c * h * w]);
+                let input = [In { data: &cs, dims: &bad, dtype: DType::F32 }];
+                let out = &mut Out { data: &mut o, dims: &xd, dtype: DType::F32 };
+                assert!(col2im(&window, [h as u32, w as u32], &input, out).is_err());
             }
         }
     }
