@@ -56,7 +56,7 @@ pub const TRIG: &str = wgsl_file!("shaders/trig.wgsl");
 pub const STRIDED: &str = wgsl_file!("shaders/strided.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 22] = [
+pub const FILES: [(&str, &str); 23] = [
     ("common.wgsl", COMMON),
     ("scalar.wgsl", SCALAR),
     ("fill.wgsl", FILL),
