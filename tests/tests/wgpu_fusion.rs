@@ -7,15 +7,37 @@
 //! bits again; the dispatch count drops; and a repeated step, or the same
 //! structure at another shape or with other constants, compiles nothing.
 //! Small shapes: the driver is slow and each new structure compiles.
+//! "Same bits" holds where the adapter rounds every operation on its own
+//! (lavapipe on CI); a GPU driver may contract a multiply and an add that
+//! fusion put in one kernel into an FMA, so there the tests compare within
+//! `CONTRACTED_TOL` and require the same bits run after run
+//! (`common::rounds_every_op`).
 
 mod common;
 
-use common::chains::random_chain;
+use common::chains::{random_chain, Outcome};
 use kiln::{Blocking, Device, Graph, WgpuOptions};
 
 fn with_fusion(device: Device, fusion: bool) -> Device {
     device.set_fusion(fusion);
     device
+}
+
+/// Fused vs unfused where the driver may contract `a * b + c` into an FMA,
+/// relative to max(1, |value|): an ulp per contracted node, accumulated over
+/// a chain (100 links in the W3 test), is well inside it; a wrong fused
+/// kernel is not. The wgpu-vs-CPU comparisons use 1e-4.
+const CONTRACTED_TOL: f32 = 1e-5;
+
+/// `a` and `b` (outcomes of the same chain with fusion arranged
+/// differently) have the same bits where the adapter rounds every op on its
+/// own, else agree within `CONTRACTED_TOL`.
+fn assert_same_bits_or_contracted(device: &Device, a: &Outcome, b: &Outcome, what: &str) {
+    if common::rounds_every_op(device) {
+        assert_eq!(a.bits(), b.bits(), "{what}");
+    } else {
+        a.assert_close(b, CONTRACTED_TOL, what);
+    }
 }
 
 const CASES: [(u64, &[usize]); 5] = [(1, &[3, 5]), (2, &[17]), (3, &[4, 33]), (4, &[2, 3]), (5, &[300])];
@@ -29,7 +51,14 @@ fn fused_chains_match_unfused_wgpu_and_the_cpu() {
         let on = random_chain(&fused, seed, dims, 24);
         let off = random_chain(&unfused, seed, dims, 24);
         let reference = random_chain(&cpu, seed, dims, 24);
-        assert_eq!(on.bits(), off.bits(), "seed {seed}, dims {dims:?}: fused vs unfused wgpu");
+        assert_same_bits_or_contracted(
+            &fused,
+            &on,
+            &off,
+            &format!("seed {seed}, dims {dims:?}: fused vs unfused wgpu"),
+        );
+        let again = random_chain(&fused, seed, dims, 24);
+        assert_eq!(on.bits(), again.bits(), "seed {seed}, dims {dims:?}: fused run after run");
         on.assert_close(&reference, 1e-4, &format!("seed {seed}, dims {dims:?}: wgpu vs cpu"));
     }
     let stats = fused.exec_stats();
@@ -51,7 +80,12 @@ fn groups_cut_into_several_kernels_give_the_same_bits() {
     for (seed, dims) in CASES.iter().take(3) {
         let a = random_chain(&whole, *seed, dims, 24);
         let b = random_chain(&cut, *seed, dims, 24);
-        assert_eq!(a.bits(), b.bits(), "seed {seed}, dims {dims:?}");
+        assert_same_bits_or_contracted(&whole, &a, &b, &format!("seed {seed}, dims {dims:?}"));
+        assert_eq!(
+            b.bits(),
+            random_chain(&cut, *seed, dims, 24).bits(),
+            "seed {seed}, dims {dims:?}: cut, run after run"
+        );
     }
     let (w, c) = (whole.backend().counters().dispatches, cut.backend().counters().dispatches);
     assert!(c > w, "cut groups run more kernels: {c} vs {w}");
@@ -101,8 +135,13 @@ fn fusion_cuts_dispatches_and_reuses_pipelines_by_structure() {
     let on = chain(&fused, &x0, &[16], 1.0001, 100);
     let on_dispatches = dispatches(&fused);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&on.0), bits(&off.0));
-    assert_eq!(bits(&on.1), bits(&off.1));
+    let near = |a: &[f32], b: &[f32], tol: f32| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * y.abs().max(1.0));
+    if common::rounds_every_op(&fused) {
+        assert_eq!(bits(&on.0), bits(&off.0));
+        assert_eq!(bits(&on.1), bits(&off.1));
+    } else {
+        assert!(near(&on.0, &off.0, CONTRACTED_TOL) && near(&on.1, &off.1, CONTRACTED_TOL), "{on:?} vs {off:?}");
+    }
     // 100 links: 500 forward and ~600 backward kernels unfused.
     assert!(off_dispatches >= 1000, "{off_dispatches}");
     assert!(on_dispatches * 20 < off_dispatches, "fused {on_dispatches} vs unfused {off_dispatches}");
@@ -115,8 +154,7 @@ fn fusion_cuts_dispatches_and_reuses_pipelines_by_structure() {
     let other_constant = chain(&fused, &x0, &[16], 0.5, 100);
     assert_eq!(compiled(&fused), before, "a repeated structure compiled again");
     let reference = chain(&Device::cpu(), &x1, &[6, 10], 1.0001, 100);
-    let near = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-4 * y.abs().max(1.0));
-    assert!(near(&other_shape.0, &reference.0) && near(&other_shape.1, &reference.1));
+    assert!(near(&other_shape.0, &reference.0, 1e-4) && near(&other_shape.1, &reference.1, 1e-4));
     let half = chain(&Device::cpu(), &x0, &[16], 0.5, 100);
-    assert!(near(&other_constant.0, &half.0) && near(&other_constant.1, &half.1));
+    assert!(near(&other_constant.0, &half.0, 1e-4) && near(&other_constant.1, &half.1, 1e-4));
 }

@@ -36,6 +36,18 @@ fn accept_vulkan(device: kiln::Result<Device>, suite: &str) -> Option<Device> {
     }
 }
 
+/// Whether the adapter rounds every f32 operation of a shader on its own, so
+/// that a fused kernel gives the unfused kernels' bits. Software adapters
+/// (lavapipe, SwiftShader) do. GPU drivers may contract `a * b + c` into one
+/// fused multiply-add, which WGSL allows: on an NVIDIA H200 (Vulkan, driver
+/// 580) fused chains differed from the unfused kernels in the last bit of a
+/// few gradients. There, fusion tests compare within a few ulp instead, and
+/// still require identical bits run after run.
+pub fn rounds_every_op(device: &Device) -> bool {
+    // "wgpu (<adapter>, Vulkan, <type>)": the type is Cpu for software adapters.
+    device.name().ends_with(", Cpu)")
+}
+
 /// Values of a float tensor as f64, whatever its float dtype.
 pub fn values(t: &Tensor<'_>) -> Vec<f64> {
     kiln_read(t).unwrap_or_else(|e| panic!("reading {t:?} failed: {e}"))
