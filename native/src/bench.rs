@@ -335,6 +335,37 @@ pub fn w4_gemm(device: &Device, backend: &str, counted: usize) -> Result<BenchRe
     Ok(summarize("W4", backend, times, format!("{gflops:.1} GFLOP/s")))
 }
 
+/// GEMMn: an n³ product (n = 4096 for the real-GPU check of issue 10),
+/// forward only. C's sum is read back rather than C itself: the 64 MiB of a
+/// 4096² result would make the step a host-transfer benchmark, while the sum
+/// still forces the whole product to be computed. `repeat` products are
+/// queued per step (each summed), so a fast device's submission latency is
+/// amortised; GFLOP/s counts all of them.
+pub fn gemm_large(device: &Device, backend: &str, n: usize, repeat: usize, counted: usize) -> Result<BenchResult> {
+    let a = Param::new(device, "a", &random_vec(n * n, 5), &[n, n])?;
+    let b = Param::new(device, "b", &random_vec(n * n, 6), &[n, n])?;
+    let mut graph = Graph::new(device);
+    let times = time_runs(2, counted, || {
+        graph.reset();
+        let _no_grad = graph.no_grad();
+        let (x, y) = (graph.param(&a)?, graph.param(&b)?);
+        let mut total = x.matmul(y)?.sum_all()?;
+        for _ in 1..repeat {
+            total = total.add(x.matmul(y)?.sum_all()?)?;
+        }
+        total.to_vec_blocking::<f32>()?;
+        Ok(())
+    })?;
+    let median = median(&times);
+    let flops = 2.0 * (n as f64).powi(3) * repeat as f64;
+    let notes = format!(
+        "gemm_{n}x{n}x{n} x{repeat} per step, sum read back: {:.1} GFLOP/s (best {:.1})",
+        flops / (median * 1e-3) / 1e9,
+        flops / (times.iter().cloned().fold(f64::INFINITY, f64::min) * 1e-3) / 1e9
+    );
+    Ok(summarize("GEMM_LARGE", backend, times, notes))
+}
+
 /// The GEMMs of W1 and W2 (as the layers and their gradient rules issue
 /// them: Linear is x·Wᵀ, Conv2d is W·cols per sample), each timed alone:
 /// (label, transpose_a, transpose_b, a's dims, b's dims).

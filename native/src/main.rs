@@ -211,7 +211,8 @@ struct BenchArgs {
     device: String,
     /// Workloads to run (W1, W2, W3, W4, GEMM = GFLOP/s of W1's and W2's
     /// matmul shapes, CKPT = activation checkpointing on the char-level
-    /// GPT, BRANCH = parallel branches on 8 towers; with --distributed: allreduce, W1).
+    /// GPT, BRANCH = parallel branches on 8 towers, GEMM4096 = a 4096³ product
+    /// for real GPUs; with --distributed: allreduce, W1).
     #[arg(long, value_delimiter = ',', default_value = "W1,W2,W3,W4")]
     workloads: Vec<String>,
     /// Instead of the workloads: N W1 training steps (after 50 warm-up
@@ -605,6 +606,15 @@ fn run_bench(args: BenchArgs) -> Result<()> {
                 }
                 continue;
             }
+            // A large square product (KILN_GEMM_SIZE=n, default 4096;
+            // KILN_GEMM_REPEAT products per step, default 4): the real-GPU
+            // check of the matmul kernels against the device's FP32 peak.
+            "GEMM4096" | "GEMM_LARGE" => {
+                let env = |key: &str, default: usize| {
+                    std::env::var(key).ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0).unwrap_or(default)
+                };
+                bench::gemm_large(&device, backend, env("KILN_GEMM_SIZE", 4096), env("KILN_GEMM_REPEAT", 4), 10)?
+            }
             // Parallel branches: 8 towers of small matmuls, serial vs
             // concurrent (the CPU executor; other backends run it serially).
             "BRANCH" => {
@@ -626,7 +636,7 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             other => {
                 return Err(Error::invalid(
                     "bench",
-                    format!("unknown workload {other}; use W1, W2, W3, W4, GEMM, CKPT or BRANCH"),
+                    format!("unknown workload {other}; use W1, W2, W3, W4, GEMM, GEMM4096, CKPT or BRANCH"),
                 ))
             }
         };
