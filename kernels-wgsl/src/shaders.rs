@@ -138,6 +138,13 @@ pub enum Kernel {
         ta: bool,
         tb: bool,
     },
+    /// matmul_vec4.wgsl's bindings with the staged, double-buffered
+    /// 128 x 128 tile entry point (kernels/matmul_staged.rs; native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    MatMulStaged {
+        ta: bool,
+        tb: bool,
+    },
     /// chunks.wgsl: the chunk products of a long MatMul summed.
     Chunks,
     /// The strided word copy (movement.wgsl).
@@ -253,6 +260,10 @@ impl Kernel {
             #[cfg(not(target_arch = "wasm32"))]
             Kernel::MatMulVec4 { ta, tb } => {
                 format!("{MATMUL_COMMON}\n{MATMUL_VEC4}\n{}", crate::kernels::matmul_vec4::entry(ta, tb))
+            }
+            #[cfg(not(target_arch = "wasm32"))]
+            Kernel::MatMulStaged { ta, tb } => {
+                format!("{MATMUL_COMMON}\n{MATMUL_VEC4}\n{}", crate::kernels::matmul_staged::entry(ta, tb))
             }
             Kernel::Chunks => CHUNKS.to_string(),
             Kernel::Copy => format!("{STRIDED}\n{MOVEMENT}"),
@@ -511,6 +522,7 @@ pub fn all_kernels() -> Vec<Kernel> {
     #[cfg(not(target_arch = "wasm32"))]
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         v.push(Kernel::MatMulVec4 { ta, tb });
+        v.push(Kernel::MatMulStaged { ta, tb });
     }
     for t in Ty::ALL {
         v.push(Kernel::Window(t));
@@ -558,10 +570,12 @@ pub(crate) fn as_written(name: &str, text: &str) -> String {
 }
 
 /// The lines of `text` (each ending in `\n`) without `//` comments,
-/// trailing blanks and lines that hold nothing else, written into `out`
-/// when it is given; returns the length. WGSL has no string literals, so
-/// every `//` starts a comment. Only ASCII bytes are cut, so UTF-8 stays
-/// valid.
+/// trailing blanks and lines that hold nothing else, and with an indented
+/// line's indentation cut to one space (the download carries the WGSL:
+/// about 6 KB raw, 0.3 KB gzipped; a line at module scope keeps column 0,
+/// which `specialise` relies on), written into `out` when it is given;
+/// returns the length. WGSL has no string literals, so every `//` starts a
+/// comment. Only ASCII bytes are cut, so UTF-8 stays valid.
 const fn strip_into(text: &[u8], mut out: Option<&mut [u8]>) -> usize {
     let mut len = 0;
     let mut start = 0;
@@ -586,6 +600,15 @@ const fn strip_into(text: &[u8], mut out: Option<&mut [u8]>) -> usize {
         }
         if !blank {
             let mut i = start;
+            while matches!(text[i], b' ' | b'\t') {
+                i += 1;
+            }
+            if i > start {
+                if let Some(o) = &mut out {
+                    o[len] = b' ';
+                }
+                len += 1;
+            }
             while i < code_end {
                 if let Some(o) = &mut out {
                     o[len] = text[i];
@@ -717,11 +740,12 @@ mod tests {
         // the table gives an f32 or i32 kernel (every op with one must have
         // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
         // copy, update; window and folded window x 2 types (f32, i32);
-        // pool, random, rowwise, norm; the vec4 matmul's 4 operand layouts.
+        // pool, random, rowwise, norm; the vec4 and staged matmuls' 4
+        // operand layouts each.
         let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
         let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
             + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 2 + 4 + 4, "{kernels:?}");
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 2 + 4 + 4 + 4, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);
@@ -790,7 +814,7 @@ mod tests {
         const TEXT: &[u8] =
             b"// header\n\nalias T = f32; // why\n\nfn op(v: T) -> T {\n    // note\n    return v;   \n}\n// tail";
         const OUT: [u8; stripped_len(TEXT)] = strip_comments(TEXT);
-        assert_eq!(std::str::from_utf8(&OUT).unwrap(), "alias T = f32;\nfn op(v: T) -> T {\n    return v;\n}\n");
+        assert_eq!(std::str::from_utf8(&OUT).unwrap(), "alias T = f32;\nfn op(v: T) -> T {\n return v;\n}\n");
         // The files as built: no comment left, and every line of code of
         // the file as written is there, in order.
         let written = [
@@ -800,10 +824,11 @@ mod tests {
         for (name, text) in written {
             let built = FILES.iter().find(|(n, _)| *n == name).unwrap().1;
             assert!(!built.contains("//") && built.len() < text.len() * 3 / 4, "{name}");
-            let code: Vec<&str> = text
+            let code: Vec<String> = text
                 .lines()
                 .map(|l| l.split("//").next().unwrap().trim_end())
                 .filter(|l| !l.trim().is_empty())
+                .map(|l| if l.starts_with([' ', '\t']) { format!(" {}", l.trim_start()) } else { l.to_string() })
                 .collect();
             assert_eq!(built.lines().collect::<Vec<_>>(), code, "{name}");
         }

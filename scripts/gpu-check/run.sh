@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 round() {
   local r=$1
   echo "== round $r: kiln (wgpu, Vulkan)"
-  timeout 240 "$BIN/kiln" bench --device vulkan --workloads W1,W2,W3,W4,GEMM4096 2>&1 \
+  KILN_MATMUL_TUNE_LOG=1 timeout 240 "$BIN/kiln" bench --device vulkan --workloads W1,W2,W3,W4,GEMM4096 2>&1 \
     | tee "$OUT/kiln-$r.jsonl"
   echo "== round $r: PyTorch CUDA"
   timeout 120 python3 "$HERE/torch_cuda.py" 2>&1 | tee "$OUT/torch-$r.jsonl"
@@ -37,6 +37,8 @@ if [ -x "$BIN/matmul_kernels" ]; then
   echo "== each wgpu matmul kernel, forced (GFLOP/s, C read back)"
   timeout 120 "$BIN/matmul_kernels" 4096 4096 4096 1024 1024 1024 128 784 512 2>&1 | tee "$OUT/matmul-kernels.txt"
 fi
+echo "== where a W1 and a W2 step's time goes (KILN_WGPU_PROFILE=1, each dispatch waited for)" | tee -a "$OUT/matmul-kernels.txt"
+KILN_WGPU_PROFILE=1 timeout 120 "$BIN/kiln" bench --device vulkan --workloads W1,W2 2>&1 | tail -60 | tee -a "$OUT/matmul-kernels.txt"
 
 echo "== wgpu test binaries" | tee "$OUT/tests.log"
 for t in "$BIN"/tests/*; do

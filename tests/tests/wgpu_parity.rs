@@ -411,7 +411,7 @@ fn product<'g>(
 /// sign differently).
 #[test]
 fn every_matmul_kernel_matches_the_cpu_and_the_others() {
-    let shapes: [(&[usize], &[usize], bool, bool); 17] = [
+    let shapes: [(&[usize], &[usize], bool, bool); 19] = [
         (&[130, 20], &[20, 135], false, false),
         (&[20, 130], &[135, 20], true, true),
         (&[1, 300], &[300, 70], false, false),
@@ -434,6 +434,10 @@ fn every_matmul_kernel_matches_the_cpu_and_the_others() {
         (&[3, 1, 12, 16], &[2, 16, 68], false, false),
         (&[2, 3, 20, 16], &[16, 28], false, false),
         (&[8, 1100], &[12, 1100], false, true),
+        // Past the staged kernel's 128 x 128 tile on both sides, with K a
+        // multiple of 4 but not of its 8-deep slab (a half slab of zeros).
+        (&[132, 20], &[20, 136], false, false),
+        (&[20, 132], &[136, 20], true, true),
     ];
     let mut first: Vec<Vec<f32>> = Vec::new();
     for kernel in kiln_wgsl::MatMulKernel::ALL {

@@ -2,14 +2,16 @@
 //! shape classes (M, N and K rounded up to powers of two, batched or not,
 //! which operand is read along its rows), and natively the first product of
 //! each class times the candidate kernels on a product of its shape (capped
-//! at 512 x 512 x K_CHUNK) in buffers of its own, keeps the fastest for the
+//! at 512 x 512 x K_CHUNK, 2048 x 2048 on hardware adapters) in buffers of its own, keeps the fastest for the
 //! backend's life and counts the trial. In a browser nothing may wait for
 //! the GPU inside a launch, so the class's fixed rule decides there, as it
 //! does natively with `KILN_MATMUL_TUNE=0`.
 //!
 //! Natively the vec4 kernels (matmul_vec4.wgsl) are a candidate for
 //! products whose operands they can read as aligned vec4s (a class of their
-//! own).
+//! own), and on hardware adapters (not software ones such as lavapipe) so is
+//! the staged kernel (matmul_staged.rs), which the fixed rule prefers there
+//! for such products when both sides fill most of its 128 x 128 tile.
 //!
 //! Every kernel sums each output in the same order (matmul.wgsl), so the
 //! choice changes the speed, not the bits.
@@ -22,7 +24,7 @@ use std::time::Instant;
 use kiln_core::{Error, Result};
 
 #[cfg(not(target_arch = "wasm32"))]
-use super::matmul_vec4;
+use super::{matmul_staged, matmul_vec4};
 use crate::params::MatMul;
 use crate::shaders::Kernel;
 use crate::shaders::WG;
@@ -41,14 +43,19 @@ pub enum MatMulKernel {
     /// (matmul_vec4.wgsl; native only, for products it `takes`).
     #[cfg(not(target_arch = "wasm32"))]
     Vec4,
+    /// 128 x 128 tiles staged through double-buffered workgroup memory,
+    /// read as aligned vec4s (matmul_staged.rs; native only, for the
+    /// products `Vec4` takes; a candidate on hardware adapters).
+    #[cfg(not(target_arch = "wasm32"))]
+    Staged,
 }
 
 impl MatMulKernel {
     #[cfg(target_arch = "wasm32")]
     pub const ALL: [MatMulKernel; 3] = [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny];
     #[cfg(not(target_arch = "wasm32"))]
-    pub const ALL: [MatMulKernel; 4] =
-        [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4];
+    pub const ALL: [MatMulKernel; 5] =
+        [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4, MatMulKernel::Staged];
 
     pub fn entry(self) -> &'static str {
         match self {
@@ -56,8 +63,14 @@ impl MatMulKernel {
             MatMulKernel::Tile64 => "tile64",
             MatMulKernel::Skinny => "skinny",
             #[cfg(not(target_arch = "wasm32"))]
-            MatMulKernel::Vec4 => "main",
+            MatMulKernel::Vec4 | MatMulKernel::Staged => "main",
         }
+    }
+
+    /// The kernel named `name` (its entry point's name, or `vec4` /
+    /// `staged`; any case), for `KILN_MATMUL_KERNEL`.
+    pub fn from_name(name: &str) -> Option<MatMulKernel> {
+        MatMulKernel::ALL.into_iter().find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
     }
 
     /// The shader module holding this kernel for a product with parameters `p`.
@@ -69,6 +82,11 @@ impl MatMulKernel {
                 let (ta, tb) = matmul_vec4::layout(p);
                 Kernel::MatMulVec4 { ta, tb }
             }
+            #[cfg(not(target_arch = "wasm32"))]
+            MatMulKernel::Staged => {
+                let (ta, tb) = matmul_vec4::layout(p);
+                Kernel::MatMulStaged { ta, tb }
+            }
             _ => Kernel::MatMul,
         }
     }
@@ -79,7 +97,7 @@ impl MatMulKernel {
         let _ = p;
         match self {
             #[cfg(not(target_arch = "wasm32"))]
-            MatMulKernel::Vec4 => matmul_vec4::fits(p),
+            MatMulKernel::Vec4 | MatMulKernel::Staged => matmul_vec4::fits(p),
             _ => true,
         }
     }
@@ -88,6 +106,8 @@ impl MatMulKernel {
     pub(crate) fn grid(self, m: usize, n: usize) -> (usize, usize) {
         match self {
             MatMulKernel::Tile128 => (n.div_ceil(128), m.div_ceil(128)),
+            #[cfg(not(target_arch = "wasm32"))]
+            MatMulKernel::Staged => (n.div_ceil(matmul_staged::TILE), m.div_ceil(matmul_staged::TILE)),
             MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
             MatMulKernel::Skinny => ((m * n).div_ceil(WG as usize), 1),
             #[cfg(not(target_arch = "wasm32"))]
@@ -145,12 +165,26 @@ pub(crate) struct Tuner {
     chosen: RefCell<HashMap<ShapeClass, MatMulKernel>>,
     /// Timed trials run (one per candidate per class).
     trials: Cell<usize>,
+    /// A hardware adapter (not a software one such as lavapipe): the staged
+    /// kernel is a candidate, and the rule's pick for large aligned products.
+    hardware: bool,
 }
 
 impl Tuner {
-    pub fn new(forced: Option<MatMulKernel>) -> Tuner {
+    /// `forced` (`WgpuOptions::matmul_kernel`), else natively the kernel
+    /// `KILN_MATMUL_KERNEL` names (an unknown name is an error), runs every
+    /// product it can take.
+    pub fn new(forced: Option<MatMulKernel>, hardware: bool) -> Result<Tuner> {
         let measure = cfg!(not(target_arch = "wasm32")) && std::env::var("KILN_MATMUL_TUNE").as_deref() != Ok("0");
-        Tuner { measure, forced, chosen: RefCell::default(), trials: Cell::new(0) }
+        #[cfg(not(target_arch = "wasm32"))]
+        let forced = match (forced, std::env::var("KILN_MATMUL_KERNEL")) {
+            (None, Ok(name)) if !name.is_empty() => Some(MatMulKernel::from_name(&name).ok_or_else(|| {
+                let names: Vec<String> = MatMulKernel::ALL.iter().map(|k| format!("{k:?}").to_lowercase()).collect();
+                Error::invalid("wgpu", format!("KILN_MATMUL_KERNEL={name}: no such kernel; use {}", names.join(", ")))
+            })?),
+            _ => forced,
+        };
+        Ok(Tuner { measure, forced, chosen: RefCell::default(), trials: Cell::new(0), hardware })
     }
 
     /// Timed kernel trials so far.
@@ -172,7 +206,7 @@ impl Tuner {
                 return Ok(k);
             }
         }
-        let candidates: Vec<MatMulKernel> = candidates(m, n, class.vec4)
+        let candidates: Vec<MatMulKernel> = candidates(m, n, class.vec4, self.hardware)
             .into_iter()
             .filter(|k| k.fits(m, n, max) && k.fits(m.min(512), n.min(512), max))
             .collect();
@@ -184,7 +218,7 @@ impl Tuner {
                 ))
             }
             [only] => *only,
-            _ if !self.measure => rule(m, n, p.k as usize, &candidates),
+            _ if !self.measure => rule(m, n, p.k as usize, &candidates, self.hardware),
             _ => self.fastest(be, p, batches, &candidates)?,
         };
         #[cfg(not(target_arch = "wasm32"))]
@@ -200,7 +234,7 @@ impl Tuner {
 
     #[cfg(target_arch = "wasm32")]
     fn fastest(&self, _: &WgpuBackend, p: &MatMul, _: usize, candidates: &[MatMulKernel]) -> Result<MatMulKernel> {
-        Ok(rule(p.m as usize, p.n as usize, p.k as usize, candidates))
+        Ok(rule(p.m as usize, p.n as usize, p.k as usize, candidates, self.hardware))
     }
 
     /// The candidate that ran a product of `p`'s class fastest: three
@@ -216,15 +250,23 @@ impl Tuner {
         batches: usize,
         candidates: &[MatMulKernel],
     ) -> Result<MatMulKernel> {
-        let trial = Trial::new(be, p, batches);
+        // A hardware adapter runs a 512 x 512 product in tens of
+        // microseconds, about what submitting and waiting cost, and with a
+        // few dozen workgroups it leaves most of a large GPU idle, which
+        // favours small tiles that lose on the real product (seen on an
+        // NVIDIA H200: 64 tiles picked for 4096³, where they ran at 0.75x
+        // the 128 tiles). There a trial's product is up to 2048 x 2048 and
+        // runs 16 times in one pass.
+        let trial = Trial::new(be, p, batches, if self.hardware { 2048 } else { 512 });
+        let reps = if self.hardware { 16 } else { 1 };
         let mut best = vec![f64::INFINITY; candidates.len()];
         for _round in 0..3 {
             for (i, &k) in candidates.iter().enumerate() {
-                best[i] = best[i].min(trial.run(be, k)?);
+                best[i] = best[i].min(trial.run(be, k, reps)?);
                 self.trials.set(self.trials.get() + 1);
             }
         }
-        let ruled = rule(p.m as usize, p.n as usize, p.k as usize, candidates);
+        let ruled = rule(p.m as usize, p.n as usize, p.k as usize, candidates, self.hardware);
         let ruled_time = best[candidates.iter().position(|&k| k == ruled).expect("the rule picks a candidate")];
         let (i, fastest) = best.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).expect("candidates");
         Ok(if *fastest < ruled_time / 1.1 { candidates[i] } else { ruled })
@@ -245,8 +287,10 @@ fn vec4_takes(p: &MatMul) -> bool {
 
 /// The kernels worth trying for an m x n product: the skinny kernel only
 /// when M or N is small, the 128 tile only when it would not be mostly
-/// padding, the vec4 kernel (natively) when it takes the product (`vec4`).
-fn candidates(m: usize, n: usize, vec4: bool) -> Vec<MatMulKernel> {
+/// padding, the vec4 kernel (natively) when it takes the product (`vec4`),
+/// and there on a hardware adapter the staged kernel when the 128 tile is
+/// a candidate.
+fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKernel> {
     let mut v = Vec::new();
     if m.max(n) > 64 {
         v.push(MatMulKernel::Tile128);
@@ -258,8 +302,11 @@ fn candidates(m: usize, n: usize, vec4: bool) -> Vec<MatMulKernel> {
     #[cfg(not(target_arch = "wasm32"))]
     if vec4 {
         v.push(MatMulKernel::Vec4);
+        if hardware && m.max(n) > 64 {
+            v.push(MatMulKernel::Staged);
+        }
     }
-    let _ = vec4;
+    let _ = (vec4, hardware);
     v
 }
 
@@ -271,17 +318,24 @@ fn candidates(m: usize, n: usize, vec4: bool) -> Vec<MatMulKernel> {
 /// on lavapipe for all 20 product classes of W1, W2 and W4 (2026-12-01):
 /// the earlier rule (128 tiles only from 256 x 256, a thread per output only
 /// up to 8) disagreed on 9 of them and made W2 2.2x slower there.
-fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel]) -> MatMulKernel {
+fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel], hardware: bool) -> MatMulKernel {
     // (A tiny K with both sides large leaves the skinny kernel out of the
     // candidates; then the tile the product fills decides.)
     let skinny = (m.min(n) <= 16 || k <= 16) && candidates.contains(&MatMulKernel::Skinny);
     // The vec4 kernel where it takes the product (measured on lavapipe:
     // 1.5-2.3x the 128 tile at 128 x 784 x 512 and 1024^3, in all four
     // operand layouts).
+    // On a hardware adapter, the staged kernel where it takes the product
+    // and both sides fill most of its tile (measured on an NVIDIA H200).
+    #[cfg(not(target_arch = "wasm32"))]
+    if !skinny && hardware && m.min(n) >= 96 && candidates.contains(&MatMulKernel::Staged) {
+        return MatMulKernel::Staged;
+    }
     #[cfg(not(target_arch = "wasm32"))]
     if !skinny && candidates.contains(&MatMulKernel::Vec4) {
         return MatMulKernel::Vec4;
     }
+    let _ = hardware;
     let want = if skinny {
         MatMulKernel::Skinny
     } else if m.min(n) >= 96 && m.max(n) >= 128 {
@@ -297,8 +351,9 @@ fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel]) -> MatMulKern
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-/// A product of a class's shape, at most 512 x 512 x K_CHUNK (and about
-/// 2^18 outputs over its batches), in buffers of its own: the trial runs
+/// A product of a class's shape, at most edge x edge x K_CHUNK (and about
+/// edge² outputs over its batches; edge is 512 on software adapters, 2048
+/// on hardware ones), in buffers of its own: the trial runs
 /// apart from the execution being recorded, whose buffers may still hold
 /// values its earlier dispatches read.
 struct Trial {
@@ -312,11 +367,11 @@ struct Trial {
 
 #[cfg(not(target_arch = "wasm32"))]
 impl Trial {
-    fn new(be: &WgpuBackend, p: &MatMul, batches: usize) -> Trial {
-        let m = (p.m as usize).min(512);
-        let n = (p.n as usize).min(512);
+    fn new(be: &WgpuBackend, p: &MatMul, batches: usize, edge: usize) -> Trial {
+        let m = (p.m as usize).min(edge);
+        let n = (p.n as usize).min(edge);
         let k = (p.k as usize).clamp(1, super::matmul::K_CHUNK);
-        let batches = batches.clamp(1, ((1usize << 18) / (m * n).max(1)).max(1));
+        let batches = batches.clamp(1, ((edge * edge) / (m * n).max(1)).max(1));
         let (a_row, a_col) = if p.a_col == 1 { (k, 1) } else { (1, m) };
         let (b_row, b_col) = if p.b_col == 1 { (n, 1) } else { (1, k) };
         let mut params = MatMul {
@@ -361,8 +416,9 @@ impl Trial {
         }
     }
 
-    /// Seconds from submitting one run of `kernel` to its completion.
-    fn run(&self, be: &WgpuBackend, kernel: MatMulKernel) -> Result<f64> {
+    /// Seconds from submitting `reps` runs of `kernel` (one pass) to their
+    /// completion.
+    fn run(&self, be: &WgpuBackend, kernel: MatMulKernel, reps: usize) -> Result<f64> {
         const OP: &str = "MatMul";
         let pipeline = be.pipeline(OP, kernel.shader(&self.params), kernel.entry())?;
         let ctx = be.ctx();
@@ -380,7 +436,9 @@ impl Trial {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(x as u32, y as u32, self.batches as u32);
+            for _ in 0..reps {
+                pass.dispatch_workgroups(x as u32, y as u32, self.batches as u32);
+            }
         }
         let start = Instant::now();
         ctx.queue.submit([encoder.finish()]);
@@ -412,14 +470,14 @@ mod tests {
 
     #[test]
     fn the_rule_prefers_threads_per_output_for_vectors_and_big_tiles_for_big_products() {
-        let pick = |m, n, k| rule(m, n, k, &candidates(m, n, false));
+        let pick = |m, n, k| rule(m, n, k, &candidates(m, n, false, false), false);
         use MatMulKernel::*;
         assert_eq!(pick(1, 4096, 64), Skinny);
         assert_eq!(pick(4096, 1, 64), Skinny);
         assert_eq!(pick(1024, 1024, 1024), Tile128);
         assert_eq!(pick(32, 32, 32), Tile64);
-        assert!(!candidates(64, 64, false).contains(&Tile128));
-        assert!(!candidates(64, 64, false).contains(&Skinny));
+        assert!(!candidates(64, 64, false, false).contains(&Tile128));
+        assert!(!candidates(64, 64, false, false).contains(&Skinny));
         // The tuner's picks on lavapipe for the products of W1, W2 and W4.
         for (m, n, k, want) in [
             (10, 128, 64, Skinny),
@@ -443,5 +501,24 @@ mod tests {
         ] {
             assert_eq!(pick(m, n, k), want, "{m} x {n} x {k}");
         }
+    }
+
+    /// The staged kernel is a candidate only on hardware adapters, only for
+    /// products the vec4 kernels take, and the rule's pick there when both
+    /// sides fill most of its tile; software adapters keep their picks.
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn the_staged_kernel_is_for_hardware_adapters() {
+        use MatMulKernel::*;
+        let pick = |m, n, k, vec4, hardware| rule(m, n, k, &candidates(m, n, vec4, hardware), hardware);
+        assert!(!candidates(4096, 4096, true, false).contains(&Staged));
+        assert!(!candidates(4096, 4096, false, true).contains(&Staged));
+        assert!(candidates(4096, 4096, true, true).contains(&Staged));
+        assert_eq!(pick(4096, 4096, 4096, true, true), Staged);
+        assert_eq!(pick(128, 512, 784, true, true), Staged);
+        assert_eq!(pick(4096, 4096, 4096, true, false), Vec4);
+        assert_eq!(pick(64, 128, 1600, true, true), Vec4);
+        assert_eq!(pick(10, 512, 128, true, true), Skinny);
+        assert_eq!(pick(4096, 4096, 4096, false, true), Tile128);
     }
 }

@@ -9,8 +9,10 @@ pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub(crate) mod index;
 pub(crate) mod matmul;
-pub(crate) mod matmul_tune;
 #[cfg(not(target_arch = "wasm32"))]
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) mod matmul_staged;
+pub(crate) mod matmul_tune;
 pub(crate) mod matmul_vec4;
 pub(crate) mod movement;
 #[cfg(not(target_arch = "wasm32"))]
