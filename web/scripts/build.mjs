@@ -116,6 +116,12 @@ function buildWasm(dir, { threads }) {
   return built;
 }
 const rawWasm = buildWasm('web', { threads: false });
+// wasm-bindgen's typings of the raw module's exports name them as it made
+// them, before short-names.mjs renamed them (`__wbg_adam_free` is `a` in the
+// .wasm): they would describe exports the module does not have, and nothing
+// imports them (the API's types are kiln_web.d.ts and index.d.ts). Left out
+// of the package (-25 KB raw in the tarball).
+fs.rmSync(path.join(pkg, 'web', 'kiln_web_bg.wasm.d.ts'), { force: true });
 if (threaded) {
   buildWasm('web-threads', { threads: true });
   // Only the glue and the wasm are used; the typings are web/'s.
