@@ -22,7 +22,7 @@ pub struct WgpuOptions {
     /// refused.
     pub max_buffer_size: Option<u64>,
     /// Cap the scratch a matrix product with a long K holds at once for its
-    /// chunk products (bytes; default 64 MiB). Lower caps reduce the chunks
+    /// chunk products (bytes; default 64 MiB, 256 MiB on a discrete GPU). Lower caps reduce the chunks
     /// in flight, not the result: the bits do not depend on it.
     pub max_matmul_scratch_bytes: Option<u64>,
     /// Run every matrix product whose grid fits it with this kernel instead

@@ -46,7 +46,7 @@ use kiln_core::{DType, Error, HostData, Result};
 /// Bytes of released scratch buffers the backend keeps for reuse
 /// (`WgpuBackend::free_scratch`): a page's memory is scarcer.
 #[cfg(not(target_arch = "wasm32"))]
-const SCRATCH_KEEP_BYTES: u64 = 256 << 20;
+const SCRATCH_KEEP_BYTES: u64 = 512 << 20;
 #[cfg(target_arch = "wasm32")]
 const SCRATCH_KEEP_BYTES: u64 = 64 << 20;
 
@@ -102,6 +102,9 @@ pub struct WgpuBackend {
     /// Index checks of submitted executions whose status has not been read
     /// yet (only on wasm32: natively `flush` waits for them).
     pending: Rc<RefCell<Vec<PendingCheck>>>,
+    /// MAP_READ staging buffers of finished reads, for the next reads
+    /// (readback.rs).
+    staging: readback::StagingPool,
     /// Scratch buffers kernels released, kept for the next kernel that needs
     /// one (`scratch`): (capacity in elements, dtype, buffer).
     scratch_free: RefCell<Vec<(usize, DType, BufferId)>>,
@@ -128,14 +131,20 @@ impl WgpuBackend {
         }
         let ctx = Context::new(&options).await?;
         let hardware = ctx.info.device_type != wgpu::DeviceType::Cpu;
+        let matmul_scratch = if ctx.info.device_type == wgpu::DeviceType::DiscreteGpu {
+            kernels::matmul::SCRATCH_BYTES_DISCRETE
+        } else {
+            kernels::matmul::SCRATCH_BYTES
+        };
         Ok(WgpuBackend {
             ctx,
             buffers: RefCell::default(),
             pipelines: RefCell::default(),
             batch: RefCell::new(batch),
             pending: Rc::default(),
+            staging: Rc::default(),
             scratch_free: RefCell::default(),
-            matmul_scratch_bytes: options.max_matmul_scratch_bytes.unwrap_or(kernels::matmul::SCRATCH_BYTES),
+            matmul_scratch_bytes: options.max_matmul_scratch_bytes.unwrap_or(matmul_scratch),
             matmul_tuner: kernels::matmul_tune::Tuner::new(options.matmul_kernel, hardware)?,
             #[cfg(not(target_arch = "wasm32"))]
             fused: RefCell::default(),

@@ -22,6 +22,31 @@ use kiln_core::{Error, Result};
 use crate::context::Context;
 use crate::shaders::Kernel;
 
+/// A shader module of kiln's own WGSL (not a user's custom kernel).
+///
+/// wgpu's default runtime checks make naga add, besides bounds checks, a
+/// counter to every loop that ends it after 2^64 iterations, so that a
+/// driver may not assume an infinite loop away; the counter keeps drivers
+/// from unrolling and strength-reducing the loops. kiln's kernels bound
+/// every loop by construction (a counter stepped towards an end below
+/// 2^32 - step: the host sizes everything in u32 words and no buffer holds
+/// 2^30 words), so natively their modules are made without the counter.
+/// Bounds checks stay. `KILN_WGPU_LOOP_BOUNDING=1` keeps the counter (to
+/// compare). Browsers add their own checks whatever wgpu asks.
+fn own_module(ctx: &Context, label: &str, source: &str) -> wgpu::ShaderModule {
+    let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(source.into()) };
+    #[cfg(not(target_arch = "wasm32"))]
+    if std::env::var("KILN_WGPU_LOOP_BOUNDING").as_deref() != Ok("1") {
+        let checks = wgpu::ShaderRuntimeChecks { force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
+        // SAFETY: the one check turned off is loop bounding, whose
+        // requirement is that the shader has no infinite loop; kiln's own
+        // kernels only loop over counted ranges whose ends fit in u32 with
+        // room for the step (see above). Custom kernels never come here.
+        return unsafe { ctx.device.create_shader_module_trusted(desc, checks) };
+    }
+    ctx.device.create_shader_module(desc)
+}
+
 pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
@@ -84,10 +109,13 @@ impl Pipelines {
                 let source = kernel
                     .source()
                     .ok_or_else(|| Error::unsupported(op, format!("the wgpu backend has no kernel {label}")))?;
-                let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(&label),
-                    source: wgpu::ShaderSource::Wgsl(source.into()),
-                });
+                let module = match kernel {
+                    Kernel::Custom(_) => ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(&label),
+                        source: wgpu::ShaderSource::Wgsl(source.into()),
+                    }),
+                    _ => own_module(ctx, &label, &source),
+                };
                 ctx.errors.check(op)?;
                 self.modules.entry(kernel).or_insert(module)
             }
@@ -133,10 +161,7 @@ impl Pipelines {
     /// with naga before creating the pipeline.
     pub fn compile(&mut self, ctx: &Context, op: &'static str, label: &str, source: &str) -> Result<Rc<Pipeline>> {
         let started = std::time::Instant::now();
-        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let module = own_module(ctx, label, source);
         ctx.errors.check(op)?;
         let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
