@@ -108,6 +108,8 @@ pub struct WgpuBackend {
     /// Scratch buffers kernels released, kept for the next kernel that needs
     /// one (`scratch`): (capacity in elements, dtype, buffer).
     scratch_free: RefCell<Vec<(usize, DType, BufferId)>>,
+    /// Bytes of scratch buffers created (for `BackendCounters`).
+    scratch_created: std::cell::Cell<u64>,
     /// Bytes of chunk products a long-K matrix product may hold at once.
     matmul_scratch_bytes: u64,
     /// The matmul kernel chosen per shape class.
@@ -144,6 +146,7 @@ impl WgpuBackend {
             pending: Rc::default(),
             staging: Rc::default(),
             scratch_free: RefCell::default(),
+            scratch_created: Default::default(),
             matmul_scratch_bytes: options.max_matmul_scratch_bytes.unwrap_or(matmul_scratch),
             matmul_tuner: kernels::matmul_tune::Tuner::new(options.matmul_kernel, hardware)?,
             #[cfg(not(target_arch = "wasm32"))]
@@ -343,31 +346,36 @@ impl WgpuBackend {
     /// product, 7 ms of which were kernels).
     pub(crate) fn scratch(&self, dtype: DType, len: usize) -> Result<BufferId> {
         let mut free = self.scratch_free.borrow_mut();
-        let fits = |&(cap, d, _): &(usize, DType, BufferId)| d == dtype && cap >= len && cap <= 2 * len.max(1024);
-        if let Some(i) = free.iter().enumerate().filter(|(_, e)| fits(e)).min_by_key(|(_, e)| e.0).map(|(i, _)| i) {
+        let mut best: Option<usize> = None;
+        for (i, &(cap, d, _)) in free.iter().enumerate() {
+            if d == dtype && cap >= len && cap <= 2 * len.max(1024) && best.is_none_or(|b| cap < free[b].0) {
+                best = Some(i);
+            }
+        }
+        if let Some(i) = best {
             return Ok(free.swap_remove(i).2);
         }
         drop(free);
-        self.buffers.borrow_mut().alloc(&self.ctx, dtype, len)
+        let id = self.buffers.borrow_mut().alloc(&self.ctx, dtype, len)?;
+        self.scratch_created.set(self.scratch_created.get() + bytes_of(len));
+        Ok(id)
     }
 
     /// Release a scratch buffer for reuse by a later `scratch`. Dispatches
     /// recorded with it keep their own handle and run before any later one
     /// (wgpu orders the writes), so reuse within one submission is safe.
-    /// Kept buffers stay under `SCRATCH_KEEP_BYTES` together: beyond it the
-    /// largest are freed.
+    /// Kept buffers stay under `SCRATCH_KEEP_BYTES` together: one that
+    /// would pass it is freed instead.
     pub(crate) fn free_scratch(&self, id: BufferId) {
-        let Ok((len, dtype)) = self.buffers.borrow().get("free_scratch", id).map(|s| (s.len, s.dtype)) else {
-            return;
-        };
+        let mut buffers = self.buffers.borrow_mut();
+        let Ok(stored) = buffers.get("free_scratch", id) else { return };
+        let entry = (stored.len, stored.dtype, id);
         let mut free = self.scratch_free.borrow_mut();
-        free.push((len, dtype, id));
-        let mut kept: u64 = free.iter().map(|e| bytes_of(e.0)).sum();
-        while kept > SCRATCH_KEEP_BYTES {
-            let (i, _) = free.iter().enumerate().max_by_key(|(_, e)| e.0).expect("not empty");
-            let (len, _, id) = free.swap_remove(i);
-            kept -= bytes_of(len);
-            self.buffers.borrow_mut().free(id);
+        let kept: u64 = free.iter().map(|e| bytes_of(e.0)).sum();
+        if kept + bytes_of(entry.0) <= SCRATCH_KEEP_BYTES {
+            free.push(entry);
+        } else {
+            buffers.free(id);
         }
     }
 
@@ -530,6 +538,7 @@ impl Backend for WgpuBackend {
             pipeline_cache_hits: pipelines.hits,
             kernel_trials: self.matmul_tuner.trials(),
             dispatches: self.batch.borrow().dispatches,
+            scratch_bytes_allocated: self.scratch_created.get(),
         }
     }
 }

@@ -54,7 +54,8 @@ pub struct StepCounters {
     pub plans_reused_per_step: f64,
     pub plans_built_per_step: f64,
     /// Bytes the device's pool asked the backend for per step (pool
-    /// misses); 0 means every buffer came from the pool.
+    /// misses), and the buffers the backend created for kernels' own
+    /// intermediate values (wgpu scratch); 0 means every buffer was reused.
     pub device_bytes_allocated_per_step: f64,
     /// The most device bytes live during the counted steps (parameters,
     /// gradients and optimizer state included).
@@ -134,7 +135,8 @@ pub fn step_counters(
         fused_nodes_per_step: per(exec.fused_nodes, exec2.fused_nodes),
         plans_reused_per_step: per(exec.plans_reused, exec2.plans_reused),
         plans_built_per_step: per(exec.plans_built, exec2.plans_built),
-        device_bytes_allocated_per_step: per(pool.backend_allocated_bytes, pool2.backend_allocated_bytes),
+        device_bytes_allocated_per_step: per(pool.backend_allocated_bytes, pool2.backend_allocated_bytes)
+            + per(backend.scratch_bytes_allocated as usize, backend2.scratch_bytes_allocated as usize),
         pipelines_compiled_per_step: per(backend.pipelines_compiled, backend2.pipelines_compiled),
         pipeline_cache_hits_per_step: per(backend.pipeline_cache_hits, backend2.pipeline_cache_hits),
         kernel_trials_per_step: per(backend.kernel_trials, backend2.kernel_trials),

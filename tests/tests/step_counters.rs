@@ -83,3 +83,32 @@ fn warmed_up_wgpu_steps_compile_no_pipelines() {
     let c = step_counters(&cpu, 0, 1, &mut cpu_step).unwrap();
     assert_eq!((c.pipelines_compiled_per_step, c.pipeline_cache_hits_per_step), (0.0, 0.0), "{c:?}");
 }
+
+/// On wgpu, kernels' own intermediate buffers (a long K's chunk products,
+/// a long sum's partials) are reused step after step: the first step
+/// creates them (counted, so the zero below is a measurement), a
+/// warmed-up step creates none. Before, each use made a new buffer, which
+/// wgpu also zero-fills.
+#[test]
+fn warmed_up_wgpu_steps_create_no_scratch_buffers() {
+    let Some(device) = common::vulkan_device("the wgpu scratch counters") else { return };
+    let a: Vec<f32> = (0..8 * 2100).map(|i| (i % 7) as f32 - 3.0).collect();
+    let b: Vec<f32> = (0..2100 * 8).map(|i| (i % 5) as f32 - 2.0).collect();
+    let mut graph = Graph::new(&device);
+    let mut step = || {
+        graph.reset();
+        let x = graph.tensor_from(&a, &[8, 2100])?;
+        let y = graph.tensor_from(&b, &[2100, 8])?;
+        // K = 2100: three chunks of 1024 combined through scratch; the
+        // sum of 70,000 values goes through partials.
+        let p = x.matmul(y)?;
+        let long = graph.tensor_from(&vec![0.5f32; 70_000], &[70_000])?.mul(x.sum_all()?)?;
+        let total = p.sum_all()?.add(long.sum_all()?)?.item_blocking()?;
+        assert!(total.is_finite());
+        Ok(())
+    };
+    let first = step_counters(&device, 0, 1, &mut step).unwrap();
+    assert!(first.device_bytes_allocated_per_step > 0.0, "{first:?}");
+    let warm = step_counters(&device, 2, 3, &mut step).unwrap();
+    assert_eq!(warm.device_bytes_allocated_per_step, 0.0, "{warm:?}");
+}

@@ -143,6 +143,10 @@ pub struct BackendCounters {
     /// generated kernels included; the CPU counts none here, see the
     /// executor's kernel counts).
     pub dispatches: usize,
+    /// Bytes of buffers the backend created for kernels' own intermediate
+    /// values (wgpu: scratch buffers its pool could not supply), outside
+    /// the device's memory pool.
+    pub scratch_bytes_allocated: u64,
 }
 
 pub trait Backend {
