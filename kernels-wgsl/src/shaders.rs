@@ -132,8 +132,7 @@ pub enum Kernel {
     Reduce(ReduceOp, Ty),
     MatMul,
     /// matmul_vec4.wgsl with the generated entry point for A and B read
-    /// transposed or not (native only).
-    #[cfg(not(target_arch = "wasm32"))]
+    /// transposed or not.
     MatMulVec4 {
         ta: bool,
         tb: bool,
@@ -257,7 +256,6 @@ impl Kernel {
             ),
             Kernel::Reduce(op, t) => reduce(op, t)?,
             Kernel::MatMul => format!("{MATMUL_COMMON}\n{MATMUL}"),
-            #[cfg(not(target_arch = "wasm32"))]
             Kernel::MatMulVec4 { ta, tb } => {
                 format!("{MATMUL_COMMON}\n{MATMUL_VEC4}\n{}", crate::kernels::matmul_vec4::entry(ta, tb))
             }

@@ -24,7 +24,8 @@ use std::time::Instant;
 use kiln_core::{Error, Result};
 
 #[cfg(not(target_arch = "wasm32"))]
-use super::{matmul_staged, matmul_vec4};
+use super::matmul_staged;
+use super::matmul_vec4;
 use crate::params::MatMul;
 use crate::shaders::Kernel;
 use crate::shaders::WG;
@@ -40,8 +41,7 @@ pub enum MatMulKernel {
     /// One output per thread, no workgroup memory (tiny M or N).
     Skinny,
     /// 8 x 16 outputs per thread read straight from aligned vec4 operands
-    /// (matmul_vec4.wgsl; native only, for products it `takes`).
-    #[cfg(not(target_arch = "wasm32"))]
+    /// (matmul_vec4.wgsl, for products it `takes`).
     Vec4,
     /// 128 x 128 tiles staged through double-buffered workgroup memory,
     /// read as aligned vec4s (matmul_staged.rs; native only, for the
@@ -52,7 +52,8 @@ pub enum MatMulKernel {
 
 impl MatMulKernel {
     #[cfg(target_arch = "wasm32")]
-    pub const ALL: [MatMulKernel; 3] = [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny];
+    pub const ALL: [MatMulKernel; 4] =
+        [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4];
     #[cfg(not(target_arch = "wasm32"))]
     pub const ALL: [MatMulKernel; 5] =
         [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4, MatMulKernel::Staged];
@@ -62,8 +63,9 @@ impl MatMulKernel {
             MatMulKernel::Tile128 => "tile128",
             MatMulKernel::Tile64 => "tile64",
             MatMulKernel::Skinny => "skinny",
+            MatMulKernel::Vec4 => "main",
             #[cfg(not(target_arch = "wasm32"))]
-            MatMulKernel::Vec4 | MatMulKernel::Staged => "main",
+            MatMulKernel::Staged => "main",
         }
     }
 
@@ -75,9 +77,7 @@ impl MatMulKernel {
 
     /// The shader module holding this kernel for a product with parameters `p`.
     pub(crate) fn shader(self, p: &MatMul) -> Kernel {
-        let _ = p;
         match self {
-            #[cfg(not(target_arch = "wasm32"))]
             MatMulKernel::Vec4 => {
                 let (ta, tb) = matmul_vec4::layout(p);
                 Kernel::MatMulVec4 { ta, tb }
@@ -94,10 +94,10 @@ impl MatMulKernel {
     /// Whether this kernel can run the product with parameters `p` (the
     /// vec4 kernels need aligned operands; the others take any).
     fn takes(self, p: &MatMul) -> bool {
-        let _ = p;
         match self {
+            MatMulKernel::Vec4 => matmul_vec4::fits(p),
             #[cfg(not(target_arch = "wasm32"))]
-            MatMulKernel::Vec4 | MatMulKernel::Staged => matmul_vec4::fits(p),
+            MatMulKernel::Staged => matmul_vec4::fits(p),
             _ => true,
         }
     }
@@ -110,7 +110,6 @@ impl MatMulKernel {
             MatMulKernel::Staged => (n.div_ceil(matmul_staged::TILE), m.div_ceil(matmul_staged::TILE)),
             MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
             MatMulKernel::Skinny => ((m * n).div_ceil(WG as usize), 1),
-            #[cfg(not(target_arch = "wasm32"))]
             MatMulKernel::Vec4 => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TILE_M)),
         }
     }
@@ -273,16 +272,9 @@ impl Tuner {
     }
 }
 
-/// Whether the vec4 kernels take the product with parameters `p` (never in
-/// the browser build, which has none).
+/// Whether the vec4 kernels take the product with parameters `p`.
 fn vec4_takes(p: &MatMul) -> bool {
-    #[cfg(not(target_arch = "wasm32"))]
-    return matmul_vec4::fits(p);
-    #[cfg(target_arch = "wasm32")]
-    {
-        let _ = p;
-        false
-    }
+    matmul_vec4::fits(p)
 }
 
 /// The kernels worth trying for an m x n product: the skinny kernel only
@@ -299,14 +291,14 @@ fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKerne
     if m.min(n) <= 32 {
         v.push(MatMulKernel::Skinny);
     }
-    #[cfg(not(target_arch = "wasm32"))]
     if vec4 {
         v.push(MatMulKernel::Vec4);
+        #[cfg(not(target_arch = "wasm32"))]
         if hardware && m.max(n) > 64 {
             v.push(MatMulKernel::Staged);
         }
     }
-    let _ = (vec4, hardware);
+    let _ = hardware;
     v
 }
 
@@ -322,16 +314,15 @@ fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel], hardware: boo
     // (A tiny K with both sides large leaves the skinny kernel out of the
     // candidates; then the tile the product fills decides.)
     let skinny = (m.min(n) <= 16 || k <= 16) && candidates.contains(&MatMulKernel::Skinny);
-    // The vec4 kernel where it takes the product (measured on lavapipe:
-    // 1.5-2.3x the 128 tile at 128 x 784 x 512 and 1024^3, in all four
-    // operand layouts).
     // On a hardware adapter, the staged kernel where it takes the product
     // and both sides fill most of its tile (measured on an NVIDIA H200).
     #[cfg(not(target_arch = "wasm32"))]
     if !skinny && hardware && m.min(n) >= 96 && candidates.contains(&MatMulKernel::Staged) {
         return MatMulKernel::Staged;
     }
-    #[cfg(not(target_arch = "wasm32"))]
+    // The vec4 kernel where it takes the product (measured on lavapipe:
+    // 1.5-2.3x the 128 tile at 128 x 784 x 512 and 1024^3, in all four
+    // operand layouts).
     if !skinny && candidates.contains(&MatMulKernel::Vec4) {
         return MatMulKernel::Vec4;
     }

@@ -10,7 +10,6 @@ pub(crate) mod fused;
 pub(crate) mod index;
 pub(crate) mod matmul;
 #[cfg(not(target_arch = "wasm32"))]
-#[cfg(not(target_arch = "wasm32"))]
 pub(crate) mod matmul_staged;
 pub(crate) mod matmul_tune;
 pub(crate) mod matmul_vec4;
