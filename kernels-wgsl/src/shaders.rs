@@ -154,8 +154,7 @@ pub enum Kernel {
     /// window.wgsl (Im2Col, Col2Im) with the given element type (f32, i32).
     Window(Ty),
     /// window_folded.wgsl: Im2Col and Col2Im with the batch folded into the
-    /// columns (native only).
-    #[cfg(not(target_arch = "wasm32"))]
+    /// columns.
     WindowFolded(Ty),
     /// pool.wgsl (MaxPool2d and its adjoint, f32).
     Pool,
@@ -197,7 +196,6 @@ impl Kernel {
             ],
             Kernel::Update => &["sgd", "sgd_momentum", "adam"],
             Kernel::Window(_) => &["im2col", "col2im"],
-            #[cfg(not(target_arch = "wasm32"))]
             Kernel::WindowFolded(_) => &["im2col", "col2im"],
             Kernel::Pool => &["forward", "first_maxima", "backward"],
             Kernel::Chunks => &["combine", "accumulate"],
@@ -269,9 +267,7 @@ impl Kernel {
             Kernel::Update => UPDATE.to_string(),
             Kernel::Window(Ty::U32) => return None, // the CPU has no bool Im2Col either
             Kernel::Window(t) => specialise(WINDOW, &[alias("T", t)]),
-            #[cfg(not(target_arch = "wasm32"))]
             Kernel::WindowFolded(Ty::U32) => return None,
-            #[cfg(not(target_arch = "wasm32"))]
             Kernel::WindowFolded(t) => specialise(WINDOW_FOLDED, &[alias("T", t)]),
             Kernel::Pool => POOL.to_string(),
             Kernel::Random => RANDOM.to_string(),

@@ -203,17 +203,15 @@ pub(crate) fn input_gradients<'g>(
             0 => Ok(g),
             _ => g.index_select(axis as isize, x[1]),
         }),
-        // The folded layout (rank 2, native only) has a folded adjoint.
+        // The folded layout (rank 2) has a folded adjoint.
         Op::Im2Col(window) => {
             let d = x[0].dims();
-            #[cfg(not(target_arch = "wasm32"))]
             if g.rank() == 2 {
                 return one(g.col2im_folded([d[2], d[3]], window));
             }
             one(g.col2im([d[2], d[3]], window))
         }
         Op::Col2Im { window, .. } => {
-            #[cfg(not(target_arch = "wasm32"))]
             if x[0].rank() == 2 {
                 return one(g.im2col_folded(window));
             }

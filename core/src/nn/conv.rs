@@ -91,15 +91,15 @@ fn weight_and_bias(weight: &Param, bias: &Option<Param>) -> Vec<Param> {
 /// (W2's first layer, 676 positions for 9 rows: products bound by writing
 /// their output), the permutes of the output and its gradient cost more
 /// than folding saves. Never in portable numerics, whose sums follow the
-/// browser build (which multiplies sample by sample).
-#[cfg(not(target_arch = "wasm32"))]
+/// browser's CPU path, which multiplies sample by sample (its CPU kernels
+/// have no folded layout); the browser's WebGPU path folds.
 fn fold_batch(graph: &crate::graph::Graph, rows: usize, positions: usize) -> bool {
-    positions < rows && !graph.device().backend().portable_numerics()
+    let backend = graph.device().backend();
+    positions < rows && !backend.portable_numerics() && (cfg!(not(target_arch = "wasm32")) || !backend.is_cpu())
 }
 
 /// The convolution of `x` [N, in, H, W] with `weight` [out, in·k] as one
 /// product: [out, in·k] · [in·k, N·L] → [out, N, oh, ow] → [N, out, oh, ow].
-#[cfg(not(target_arch = "wasm32"))]
 fn conv_folded<'g>(x: Tensor<'g>, weight: Tensor<'g>, window: Window2d, [oh, ow]: [usize; 2]) -> Result<Tensor<'g>> {
     let (n, out) = (x.dims()[0], weight.dims()[0]);
     let y = weight.matmul(x.im2col_folded(window)?)?;
@@ -154,7 +154,6 @@ impl Module for Conv2d {
         let weight = graph.param(&self.weight)?;
         let y = if g == 1 {
             let weight = weight.reshape_to(&[self.out_channels, self.in_channels * k])?;
-            #[cfg(not(target_arch = "wasm32"))]
             if fold_batch(graph, self.in_channels * k, oh * ow) {
                 let y = conv_folded(x, weight, self.window, [oh, ow])?;
                 return add_bias(y, &self.bias, self.out_channels);

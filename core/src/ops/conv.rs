@@ -102,9 +102,8 @@ impl<'g> Tensor<'g> {
     /// Unfold [N, C, H, W] into columns [C·kh·kw, N·OH·OW]: `im2col` with
     /// the batch folded into the columns (sample n's window positions are
     /// columns n·OH·OW..), so that a convolution is one matrix product for
-    /// the whole batch (`nn::Conv2d`). Natively only (the browser build's
-    /// convolution multiplies sample by sample).
-    #[cfg(not(target_arch = "wasm32"))]
+    /// the whole batch (`nn::Conv2d`; in the browser on WebGPU only: the
+    /// browser's CPU kernels multiply sample by sample).
     #[track_caller]
     pub(crate) fn im2col_folded(self, window: Window2d) -> Result<Tensor<'g>> {
         let [n, rows, positions] = self.im2col_dims(window)?;
@@ -142,7 +141,6 @@ impl<'g> Tensor<'g> {
 
     /// The adjoint of `im2col_folded`: columns [C·kh·kw, N·OH·OW] back into
     /// [N, C, H, W], summing overlaps. `image` is (H, W).
-    #[cfg(not(target_arch = "wasm32"))]
     #[track_caller]
     pub(crate) fn col2im_folded(self, image: [usize; 2], window: Window2d) -> Result<Tensor<'g>> {
         let d = self.dims();

@@ -9,9 +9,7 @@ use kiln_core::Result;
 
 use super::{ty, unsupported_dtype};
 use crate::geometry::word;
-#[cfg(not(target_arch = "wasm32"))]
-use crate::params::Folded;
-use crate::params::{words, Window};
+use crate::params::{words, Folded, Window};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
 
@@ -68,7 +66,7 @@ fn window_ty(op: &'static str, x: &TensorRef<'_>) -> Result<Ty> {
 pub(crate) fn im2col(be: &WgpuBackend, window: &Window2d, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {
     const OP: &str = "Im2Col";
     let d = x.dims;
-    let folded = out.dims.len() == 2 && cfg!(not(target_arch = "wasm32"));
+    let folded = out.dims.len() == 2;
     if d.len() != 4 || (out.dims.len() != 3 && !folded) || x.dtype != out.dtype {
         return Err(mismatch(OP, d, out.dims));
     }
@@ -85,7 +83,6 @@ pub(crate) fn im2col(be: &WgpuBackend, window: &Window2d, [x]: &[TensorRef<'_>; 
     }
     let params = geometry(OP, window, n, x.numel(), [d[2], d[3]], [oh, ow])?;
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-    #[cfg(not(target_arch = "wasm32"))]
     if folded {
         let params = Folded { window: params, batch: word(OP, d[0])? };
         return be.launch(OP, Kernel::WindowFolded(t), "im2col", &args, words(&params), be.grid_for(OP, n)?);
@@ -105,7 +102,7 @@ pub(crate) fn col2im(
     let (h, w) = (image[0] as usize, image[1] as usize);
     let [oh, ow] = output_size(OP, window, h, w)?;
     let (k, l) = (window.kernel_elements(), oh * ow);
-    let folded = d.len() == 2 && cfg!(not(target_arch = "wasm32"));
+    let folded = d.len() == 2;
     let o = out.dims;
     let fits = |o: &[usize]| {
         let columns: &[usize] = if folded { &[o[1] * k, o[0] * l] } else { &[o[0], o[1] * k, l] };
@@ -121,7 +118,6 @@ pub(crate) fn col2im(
     }
     let params = geometry(OP, window, n, cols.numel(), [h, w], [oh, ow])?;
     let args = [(1, Arg::input(cols)), (2, Arg::output(out))];
-    #[cfg(not(target_arch = "wasm32"))]
     if folded {
         let params = Folded { window: params, batch: word(OP, o[0])? };
         return be.launch(OP, Kernel::WindowFolded(t), "col2im", &args, words(&params), be.grid_for(OP, n)?);

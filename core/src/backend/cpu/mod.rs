@@ -585,6 +585,10 @@ impl Backend for CpuBackend {
         self.portable
     }
 
+    fn is_cpu(&self) -> bool {
+        true
+    }
+
     #[cfg(feature = "fusion")]
     fn run_fused(&self, call: &FusedCall<'_>) -> Result<()> {
         fused::run(self, call)
