@@ -188,11 +188,6 @@ pub trait Backend {
     fn portable_numerics(&self) -> bool {
         false
     }
-    /// Whether this is kiln's CPU backend (the browser's CPU path has no
-    /// folded convolution layout; `nn::Conv2d` asks).
-    fn is_cpu(&self) -> bool {
-        false
-    }
     /// Whether this backend runs fused element-wise groups (`run_fused`).
     fn fuses(&self) -> bool {
         false

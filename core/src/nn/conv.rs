@@ -91,11 +91,10 @@ fn weight_and_bias(weight: &Param, bias: &Option<Param>) -> Vec<Param> {
 /// (W2's first layer, 676 positions for 9 rows: products bound by writing
 /// their output), the permutes of the output and its gradient cost more
 /// than folding saves. Never in portable numerics, whose sums follow the
-/// browser's CPU path, which multiplies sample by sample (its CPU kernels
-/// have no folded layout); the browser's WebGPU path folds.
+/// browser's CPU path (always portable), which multiplies sample by sample
+/// and whose kernels have no folded layout; the browser's WebGPU path folds.
 fn fold_batch(graph: &crate::graph::Graph, rows: usize, positions: usize) -> bool {
-    let backend = graph.device().backend();
-    positions < rows && !backend.portable_numerics() && (cfg!(not(target_arch = "wasm32")) || !backend.is_cpu())
+    positions < rows && !graph.device().backend().portable_numerics()
 }
 
 /// The convolution of `x` [N, in, H, W] with `weight` [out, in·k] as one

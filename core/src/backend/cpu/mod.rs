@@ -585,10 +585,6 @@ impl Backend for CpuBackend {
         self.portable
     }
 
-    fn is_cpu(&self) -> bool {
-        true
-    }
-
     #[cfg(feature = "fusion")]
     fn run_fused(&self, call: &FusedCall<'_>) -> Result<()> {
         fused::run(self, call)
