@@ -28,11 +28,93 @@ const BK: u32 = 8;
 /// The output tile edge of one workgroup.
 pub(crate) const TILE: usize = 128;
 
+/// One operand's part of the kernel. A thread reads one vec4 of it per
+/// slab: either 4 k of one row of A (column of B), when the operand is
+/// contiguous along k, or 4 rows of A (columns of B) at one k. The emitted
+/// names end in the operand's letter (`ka`, `pa`, `va`, `sa` ...).
+struct Operand {
+    /// `a` or `b`: the binding, and the suffix of the emitted names.
+    x: char,
+    k_contiguous: bool,
+    /// The operand's batch offset in the job.
+    origin: &'static str,
+    /// The tile's first row (A) or column (B), and the matrix's edge.
+    first: &'static str,
+    bound: &'static str,
+    /// Words between rows of A (columns of B), and between consecutive k.
+    line_stride: &'static str,
+    k_stride: &'static str,
+}
+
+impl Operand {
+    /// The thread's vec4: its k offset in the slab (`k`), its row or column
+    /// (`r`, contiguous along k) or vec4 slot (`q`), and its word offset at
+    /// k = 0 (`p`), the edge clamped (read, never stored).
+    fn setup(&self) -> String {
+        let Operand { x, origin, first, bound, line_stride, .. } = self;
+        if self.k_contiguous {
+            // 128 lines x 2 vec4s of 4 k: thread t reads line t / 2, k 4 (t % 2).
+            format!(
+                " let r{x} = t / 2u;\n let k{x} = 4u * (t % 2u);\n \
+                 let p{x} = {origin} + min({first} + r{x}, {bound} - 1u) * {line_stride};\n"
+            )
+        } else {
+            // 8 k x 32 vec4s of 4 lines: thread t reads k = t / 32, lines 4 (t % 32).
+            format!(
+                " let k{x} = t / 32u;\n let q{x} = t % 32u;\n \
+                 let p{x} = {origin} + min({first} + 4u * q{x}, {bound} - 4u);\n"
+            )
+        }
+    }
+
+    /// The global read of the slab at `k0` into `v` (zeros past the chunk).
+    fn read(&self, k0: &str) -> String {
+        let Operand { x, k_stride, .. } = self;
+        let at = if self.k_contiguous {
+            format!("p{x} + {k0} + k{x}")
+        } else {
+            format!("p{x} + ({k0} + k{x}) * {k_stride}")
+        };
+        format!(" if ({k0} + k{x} < job.k_end) {{ v{x} = {x}[({at}) / 4u]; }} else {{ v{x} = vec4<f32>(0.0); }}\n")
+    }
+
+    /// The store of `v` into the slab buffer at slot `buf`.
+    fn store(&self, buf: &str) -> String {
+        let x = self.x;
+        if self.k_contiguous {
+            // Four k of one line: one component of four slots.
+            (0..4).map(|i| format!(" s{x}[{buf} + k{x} + {i}u][r{x} / 4u][r{x} % 4u] = v{x}[{i}];\n")).collect()
+        } else {
+            format!(" s{x}[{buf} + k{x}][q{x}] = v{x};\n")
+        }
+    }
+}
+
 /// The entry point `main` for A read transposed (`ta`: contiguous along M)
 /// or not (contiguous along K), and B transposed (`tb`: contiguous along
 /// K) or not (contiguous along N). Appended to matmul_common.wgsl and
 /// matmul_vec4.wgsl (whose `a` and `b` are arrays of vec4).
 pub(crate) fn entry(ta: bool, tb: bool) -> String {
+    let a = Operand {
+        x: 'a',
+        k_contiguous: !ta,
+        origin: "job.oa",
+        first: "row0",
+        bound: "m",
+        line_stride: "a_row",
+        k_stride: "a_col",
+    };
+    let b = Operand {
+        x: 'b',
+        k_contiguous: tb,
+        origin: "job.ob",
+        first: "col0",
+        bound: "n",
+        line_stride: "b_col",
+        k_stride: "b_row",
+    };
+    let read = |k0: &str| a.read(k0) + &b.read(k0);
+    let store = |buf: &str| a.store(buf) + &b.store(buf);
     let mut s = String::new();
     s.push_str(&format!(
         "var<workgroup> sa: array<array<vec4<f32>, 32>, {slots}>;\n\
@@ -47,66 +129,11 @@ pub(crate) fn entry(ta: bool, tb: bool) -> String {
     s.push_str(" let b_row = params.b_row;\n let b_col = params.b_col;\n");
     s.push_str(" let row0 = wid.y * 128u;\n let col0 = wid.x * 128u;\n");
     s.push_str(" let t = lid.y * 16u + lid.x;\n");
-    // Which vec4 of the slab this thread reads, as a word offset at slab
-    // k0 = 0 (pa, pb) plus k0 times the operand's k stride.
-    if ta {
-        // 8 k x 32 vec4s of 4 rows: thread t reads k = t / 32, rows 4 (t % 32).
-        s.push_str(" let ka = t / 32u;\n let qa = t % 32u;\n");
-        s.push_str(" let pa = job.oa + min(row0 + 4u * qa, m - 4u);\n");
-    } else {
-        // 128 rows x 2 vec4s of 4 k: thread t reads row t / 2, k 4 (t % 2).
-        s.push_str(" let ra = t / 2u;\n let ka = 4u * (t % 2u);\n");
-        s.push_str(" let pa = job.oa + min(row0 + ra, m - 1u) * a_row;\n");
-    }
-    if tb {
-        s.push_str(" let cb = t / 2u;\n let kb = 4u * (t % 2u);\n");
-        s.push_str(" let pb = job.ob + min(col0 + cb, n - 1u) * b_col;\n");
-    } else {
-        s.push_str(" let kb = t / 32u;\n let qb = t % 32u;\n");
-        s.push_str(" let pb = job.ob + min(col0 + 4u * qb, n - 4u);\n");
-    }
+    s.push_str(&a.setup());
+    s.push_str(&b.setup());
     for i in 0..8 {
         s.push_str(&format!(" var c{i}l = vec4<f32>(0.0);\n var c{i}r = vec4<f32>(0.0);\n"));
     }
-    // Global reads of the slab at k0 into va, vb (zeros past the chunk).
-    let read = |k0: &str| {
-        let mut r = String::new();
-        if ta {
-            r.push_str(&format!(" if ({k0} + ka < job.k_end) {{ va = a[(pa + ({k0} + ka) * a_col) / 4u]; }} else {{ va = vec4<f32>(0.0); }}\n"));
-        } else {
-            r.push_str(&format!(
-                " if ({k0} + ka < job.k_end) {{ va = a[(pa + {k0} + ka) / 4u]; }} else {{ va = vec4<f32>(0.0); }}\n"
-            ));
-        }
-        if tb {
-            r.push_str(&format!(
-                " if ({k0} + kb < job.k_end) {{ vb = b[(pb + {k0} + kb) / 4u]; }} else {{ vb = vec4<f32>(0.0); }}\n"
-            ));
-        } else {
-            r.push_str(&format!(" if ({k0} + kb < job.k_end) {{ vb = b[(pb + ({k0} + kb) * b_row) / 4u]; }} else {{ vb = vec4<f32>(0.0); }}\n"));
-        }
-        r
-    };
-    // Stores of va, vb into buffer `buf` (slots buf * BK ..).
-    let store = |buf: &str| {
-        let mut r = String::new();
-        if ta {
-            r.push_str(&format!(" sa[{buf} + ka][qa] = va;\n"));
-        } else {
-            // Four k of one row: one component of four slots.
-            for i in 0..4 {
-                r.push_str(&format!(" sa[{buf} + ka + {i}u][ra / 4u][ra % 4u] = va[{i}];\n"));
-            }
-        }
-        if tb {
-            for i in 0..4 {
-                r.push_str(&format!(" sb[{buf} + kb + {i}u][cb / 4u][cb % 4u] = vb[{i}];\n"));
-            }
-        } else {
-            r.push_str(&format!(" sb[{buf} + kb][qb] = vb;\n"));
-        }
-        r
-    };
     s.push_str(" var va: vec4<f32>;\n var vb: vec4<f32>;\n");
     s.push_str(&read("job.k_begin"));
     s.push_str(&store("0u"));
