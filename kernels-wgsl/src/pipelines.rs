@@ -22,7 +22,8 @@ use kiln_core::{Error, Result};
 use crate::context::Context;
 use crate::shaders::Kernel;
 
-/// A shader module of kiln's own WGSL (not a user's custom kernel).
+/// A shader module: of kiln's own WGSL (`own`), or of a user's custom
+/// kernel, which keeps every check.
 ///
 /// wgpu's default runtime checks make naga add, besides bounds checks, a
 /// counter to every loop that ends it after 2^64 iterations, so that a
@@ -33,17 +34,19 @@ use crate::shaders::Kernel;
 /// 2^30 words), so natively their modules are made without the counter.
 /// Bounds checks stay. `KILN_WGPU_LOOP_BOUNDING=1` keeps the counter (to
 /// compare). Browsers add their own checks whatever wgpu asks.
-fn own_module(ctx: &Context, label: &str, source: &str) -> wgpu::ShaderModule {
+fn shader_module(ctx: &Context, label: &str, source: &str, own: bool) -> wgpu::ShaderModule {
     let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(source.into()) };
     #[cfg(not(target_arch = "wasm32"))]
-    if std::env::var("KILN_WGPU_LOOP_BOUNDING").as_deref() != Ok("1") {
+    if own && std::env::var("KILN_WGPU_LOOP_BOUNDING").as_deref() != Ok("1") {
         let checks = wgpu::ShaderRuntimeChecks { force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
         // SAFETY: the one check turned off is loop bounding, whose
         // requirement is that the shader has no infinite loop; kiln's own
         // kernels only loop over counted ranges whose ends fit in u32 with
-        // room for the step (see above). Custom kernels never come here.
+        // room for the step (see above); `own` is false for custom kernels.
         return unsafe { ctx.device.create_shader_module_trusted(desc, checks) };
     }
+    #[cfg(target_arch = "wasm32")]
+    let _ = own;
     ctx.device.create_shader_module(desc)
 }
 
@@ -109,13 +112,7 @@ impl Pipelines {
                 let source = kernel
                     .source()
                     .ok_or_else(|| Error::unsupported(op, format!("the wgpu backend has no kernel {label}")))?;
-                let module = match kernel {
-                    Kernel::Custom(_) => ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(&label),
-                        source: wgpu::ShaderSource::Wgsl(source.into()),
-                    }),
-                    _ => own_module(ctx, &label, &source),
-                };
+                let module = shader_module(ctx, &label, &source, !matches!(kernel, Kernel::Custom(_)));
                 ctx.errors.check(op)?;
                 self.modules.entry(kernel).or_insert(module)
             }
@@ -161,7 +158,7 @@ impl Pipelines {
     /// with naga before creating the pipeline.
     pub fn compile(&mut self, ctx: &Context, op: &'static str, label: &str, source: &str) -> Result<Rc<Pipeline>> {
         let started = std::time::Instant::now();
-        let module = own_module(ctx, label, source);
+        let module = shader_module(ctx, label, source, true);
         ctx.errors.check(op)?;
         let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),

@@ -7,9 +7,9 @@
 //! the GPU inside a launch, so the class's fixed rule decides there, as it
 //! does natively with `KILN_MATMUL_TUNE=0`.
 //!
-//! Natively the vec4 kernels (matmul_vec4.wgsl) are a candidate for
-//! products whose operands they can read as aligned vec4s (a class of their
-//! own), and on hardware adapters (not software ones such as lavapipe) so is
+//! The vec4 kernels (matmul_vec4.wgsl) are a candidate for products whose
+//! operands they can read as aligned vec4s (a class of their own), and
+//! natively on hardware adapters (not software ones such as lavapipe) so is
 //! the staged kernel (matmul_staged.rs), which the fixed rule prefers there
 //! for such products when both sides fill most of its 128 x 128 tile.
 //!
@@ -279,9 +279,9 @@ fn vec4_takes(p: &MatMul) -> bool {
 
 /// The kernels worth trying for an m x n product: the skinny kernel only
 /// when M or N is small, the 128 tile only when it would not be mostly
-/// padding, the vec4 kernel (natively) when it takes the product (`vec4`),
-/// and there on a hardware adapter the staged kernel when the 128 tile is
-/// a candidate.
+/// padding, the vec4 kernel when it takes the product (`vec4`), and then
+/// natively on a hardware adapter the staged kernel when the 128 tile is a
+/// candidate.
 fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKernel> {
     let mut v = Vec::new();
     if m.max(n) > 64 {
