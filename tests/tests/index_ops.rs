@@ -176,3 +176,29 @@ fn vulkan_many_indices_and_heavy_duplicates() {
         index[count - 1] = -7;
     }
 }
+
+fn one_hot(device: &Device, labels: &[i32], classes: usize) -> Result<Vec<f32>> {
+    let graph = Graph::new(device);
+    let labels = graph.tensor_from(labels, &[labels.len()])?;
+    labels.one_hot(classes, DType::F32)?.to_vec_blocking::<f32>()
+}
+
+/// A label outside 0..classes is an OutOfRange error naming the label and
+/// its position, on the CPU and on Vulkan (it used to give a row of zeros,
+/// so a bad label silently dropped out of a loss built on one_hot).
+#[test]
+fn one_hot_rejects_out_of_range_labels() {
+    let mut devices = vec![Device::cpu()];
+    devices.extend(common::vulkan_device("index_ops"));
+    for device in &devices {
+        assert_eq!(one_hot(device, &[2, 0], 3).unwrap(), [0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+        for (labels, message) in [(vec![0, 5], "index 5 at position 1"), (vec![-1, 1], "index -1 at position 0")] {
+            let e = one_hot(device, &labels, 3).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::OutOfRange, "{e}");
+            assert!(e.message().contains(message), "{e}");
+        }
+        // No classes: every label is out of range; no labels: an empty result.
+        assert!(one_hot(device, &[0], 0).is_err());
+        assert_eq!(one_hot(device, &[], 3).unwrap(), Vec::<f32>::new());
+    }
+}

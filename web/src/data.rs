@@ -10,6 +10,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::error::{KilnError, Res};
+use crate::tensor_api::{count, seed_arg};
 
 /// A labelled image dataset in host memory (pixels scaled to [0, 1]).
 #[wasm_bindgen]
@@ -73,7 +74,9 @@ impl Dataset {
     /// `Dataset::batches` uses, on every platform.
     #[wasm_bindgen(js_name = epochOrder)]
     pub fn epoch_order(&self, seed: Option<f64>, epoch: Option<f64>) -> Res<Vec<u32>> {
-        let batches = self.inner.batches(1, seed.map(|s| s as u64), epoch.unwrap_or(0.0) as u64)?;
+        let seed = seed.map(|s| seed_arg("epochOrder", s)).transpose()?;
+        let epoch = count("epochOrder", "epoch", epoch.unwrap_or(0.0))? as u64;
+        let batches = self.inner.batches(1, seed, epoch)?;
         Ok(batches.order().iter().map(|&i| i as u32).collect())
     }
 
@@ -106,7 +109,8 @@ extern "C" {
 #[allow(non_snake_case)]
 pub fn digits_from_bytes(bytes: &[u8], testFraction: Option<f64>, seed: Option<f64>) -> Res<DigitsSplit> {
     let fraction = test_fraction_of(testFraction)?;
-    let split = data::parse_digits_csv(bytes)?.split_shuffled(fraction, seed.unwrap_or(42.0) as u64)?;
+    let split =
+        data::parse_digits_csv(bytes)?.split_shuffled(fraction, seed_arg("loadDigits", seed.unwrap_or(42.0))?)?;
     let out = js_sys::Object::new();
     let (train, test) = (Dataset { inner: split.train }, Dataset { inner: split.test });
     js_sys::Reflect::set(&out, &"train".into(), &JsValue::from(train)).map_err(js_err)?;
@@ -129,13 +133,19 @@ fn test_fraction_of(test_fraction: Option<f64>) -> Res<f32> {
 /// `loadDigits` for Rust callers (native tests and examples), from the
 /// copy embedded in kiln-core.
 pub fn load_digits_native(test_fraction: Option<f64>, seed: Option<f64>) -> Res<(Dataset, Dataset)> {
-    let split = data::load_embedded_digits(test_fraction_of(test_fraction)?, seed.unwrap_or(42.0) as u64)?;
+    let split =
+        data::load_embedded_digits(test_fraction_of(test_fraction)?, seed_arg("loadDigits", seed.unwrap_or(42.0))?)?;
     Ok((Dataset { inner: split.train }, Dataset { inner: split.test }))
 }
 
 /// A random permutation of 0..n fixed by `seed` (kiln's SplitMix64 +
 /// Fisher–Yates: the same on every platform).
 #[wasm_bindgen]
-pub fn permutation(n: u32, seed: f64) -> Vec<u32> {
-    data::permutation(n as usize, seed as u64).into_iter().map(|i| i as u32).collect()
+pub fn permutation(n: f64, seed: f64) -> Res<Vec<u32>> {
+    let n = count("permutation", "n", n)?;
+    if n > kiln_core::shape::MAX_ELEMENTS {
+        let max = kiln_core::shape::MAX_ELEMENTS;
+        return Err(KilnError::argument("permutation", format!("n = {n} is more than kiln's {max} elements")));
+    }
+    Ok(data::permutation(n, seed_arg("permutation", seed)?).into_iter().map(|i| i as u32).collect())
 }

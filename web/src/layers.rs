@@ -14,7 +14,7 @@ use crate::error::{KilnError, Res};
 use crate::graph::Tensor;
 use crate::nn::{hand_off_module, Param};
 use crate::session::Kiln;
-use crate::tensor_api::{dims, uints, IntList};
+use crate::tensor_api::{count, dims, seed_arg, uints, IntList};
 use crate::tensor_nn::{pair, Pair};
 
 #[wasm_bindgen]
@@ -79,8 +79,8 @@ fn field_bool(op: &'static str, options: Option<&JsValue>, name: &str, default: 
     v.as_bool().ok_or_else(|| KilnError::argument(op, format!("option '{name}' must be true or false")))
 }
 
-fn seed(value: Option<f64>) -> u64 {
-    value.unwrap_or(0.0) as u64
+fn seed(op: &'static str, value: Option<f64>) -> Res<u64> {
+    seed_arg(op, value.unwrap_or(0.0))
 }
 
 /// A kiln layer (see the factories on `Kiln`). `kind` names it.
@@ -155,8 +155,8 @@ impl KvCache {
 
     /// Count `positions` new positions as cached, once every layer has
     /// taken them in.
-    pub fn advance(&self, positions: u32) -> Res<()> {
-        Ok(self.inner.advance(positions as usize)?)
+    pub fn advance(&self, positions: f64) -> Res<()> {
+        Ok(self.inner.advance(count("advance", "positions", positions)?)?)
     }
 
     /// Forget every position.
@@ -189,7 +189,8 @@ impl Layer {
     /// (multiheadAttention and transformerBlock layers); call
     /// `cache.advance(L)` after the last layer.
     #[wasm_bindgen(js_name = forwardCached)]
-    pub fn forward_cached(&self, x: &Tensor, cache: &KvCache, layer: u32) -> Res<Tensor> {
+    pub fn forward_cached(&self, x: &Tensor, cache: &KvCache, layer: f64) -> Res<Tensor> {
+        let layer = count("forwardCached", "layer", layer)?;
         let Some(m) = &self.cached else {
             return Err(KilnError::new(
                 "Unsupported",
@@ -200,7 +201,7 @@ impl Layer {
                 ),
             ));
         };
-        let c = cache.inner.layer(layer as usize)?;
+        let c = cache.inner.layer(layer)?;
         x.map(|t| m.forward_cached(t, c))
     }
 
@@ -251,15 +252,16 @@ impl Kiln {
     #[allow(non_snake_case)]
     pub fn conv2d(
         &self,
-        inChannels: u32,
-        outChannels: u32,
+        inChannels: f64,
+        outChannels: f64,
         kernel: &Pair,
         options: Option<ConvOptionsArg>,
     ) -> Res<Layer> {
         const OP: &str = "conv2d";
+        let (cin, cout) = (count(OP, "inChannels", inChannels)?, count(OP, "outChannels", outChannels)?);
         let o = options.as_deref();
         let (k, c, s) = conv_options(OP, kernel, o)?;
-        let layer = nn::Conv2d::new(self.core_device(), inChannels as usize, outChannels as usize, k, c, s)?;
+        let layer = nn::Conv2d::new(self.core_device(), cin, cout, k, c, s)?;
         Ok(Layer::new("Conv2d", layer))
     }
 
@@ -269,24 +271,17 @@ impl Kiln {
     #[allow(non_snake_case)]
     pub fn conv_transpose2d(
         &self,
-        inChannels: u32,
-        outChannels: u32,
+        inChannels: f64,
+        outChannels: f64,
         kernel: &Pair,
         options: Option<ConvOptionsArg>,
     ) -> Res<Layer> {
         const OP: &str = "convTranspose2d";
+        let (cin, cout) = (count(OP, "inChannels", inChannels)?, count(OP, "outChannels", outChannels)?);
         let o = options.as_deref();
         let (k, c, s) = conv_options(OP, kernel, o)?;
         let output_padding = field_pair(OP, o, "outputPadding", 0)?;
-        let layer = nn::ConvTranspose2d::new(
-            self.core_device(),
-            inChannels as usize,
-            outChannels as usize,
-            k,
-            c,
-            output_padding,
-            s,
-        )?;
+        let layer = nn::ConvTranspose2d::new(self.core_device(), cin, cout, k, c, output_padding, s)?;
         Ok(Layer::new("ConvTranspose2d", layer))
     }
 
@@ -355,39 +350,42 @@ impl Kiln {
 
     /// Group normalisation of `channels` in `groups`, with weight and bias.
     #[wasm_bindgen(js_name = groupNorm)]
-    pub fn group_norm(&self, groups: u32, channels: u32, eps: Option<f64>) -> Res<Layer> {
-        let layer = nn::GroupNorm::new(self.core_device(), groups as usize, channels as usize, eps.unwrap_or(1e-5))?;
+    pub fn group_norm(&self, groups: f64, channels: f64, eps: Option<f64>) -> Res<Layer> {
+        let (groups, channels) = (count("groupNorm", "groups", groups)?, count("groupNorm", "channels", channels)?);
+        let layer = nn::GroupNorm::new(self.core_device(), groups, channels, eps.unwrap_or(1e-5))?;
         Ok(Layer::new("GroupNorm", layer))
     }
 
     /// Batch normalisation of [N, C] or [N, C, L] (eps 1e-5, momentum 0.1).
     #[wasm_bindgen(js_name = batchNorm1d)]
-    pub fn batch_norm1d(&self, channels: u32, eps: Option<f64>, momentum: Option<f64>) -> Res<Layer> {
-        let layer =
-            nn::BatchNorm1d::new(self.core_device(), channels as usize, eps.unwrap_or(1e-5), momentum.unwrap_or(0.1))?;
+    pub fn batch_norm1d(&self, channels: f64, eps: Option<f64>, momentum: Option<f64>) -> Res<Layer> {
+        let channels = count("batchNorm1d", "channels", channels)?;
+        let layer = nn::BatchNorm1d::new(self.core_device(), channels, eps.unwrap_or(1e-5), momentum.unwrap_or(0.1))?;
         Ok(Layer::new("BatchNorm1d", layer))
     }
 
     /// Batch normalisation of [N, C, H, W] (eps 1e-5, momentum 0.1); running
     /// statistics are buffers, used in evaluation mode.
     #[wasm_bindgen(js_name = batchNorm2d)]
-    pub fn batch_norm2d(&self, channels: u32, eps: Option<f64>, momentum: Option<f64>) -> Res<Layer> {
-        let layer =
-            nn::BatchNorm2d::new(self.core_device(), channels as usize, eps.unwrap_or(1e-5), momentum.unwrap_or(0.1))?;
+    pub fn batch_norm2d(&self, channels: f64, eps: Option<f64>, momentum: Option<f64>) -> Res<Layer> {
+        let channels = count("batchNorm2d", "channels", channels)?;
+        let layer = nn::BatchNorm2d::new(self.core_device(), channels, eps.unwrap_or(1e-5), momentum.unwrap_or(0.1))?;
         Ok(Layer::new("BatchNorm2d", layer))
     }
 
     /// A lookup table of `count` vectors of size `dim` (N(0, 1) start),
     /// indexed by int32 tensors.
-    pub fn embedding(&self, count: u32, dim: u32, seed: Option<f64>) -> Res<Layer> {
-        let layer = nn::Embedding::new(self.core_device(), count as usize, dim as usize, self::seed(seed))?;
+    pub fn embedding(&self, count: f64, dim: f64, seed: Option<f64>) -> Res<Layer> {
+        const OP: &str = "embedding";
+        let (count, dim) = (self::count(OP, "count", count)?, self::count(OP, "dim", dim)?);
+        let layer = nn::Embedding::new(self.core_device(), count, dim, self::seed(OP, seed)?)?;
         Ok(Layer::new("Embedding", layer))
     }
 
     /// Zeroes each element with probability `p` in training mode (scaling
     /// the rest by 1/(1-p)); the identity in evaluation mode.
     pub fn dropout(&self, p: f64, seed: Option<f64>) -> Res<Layer> {
-        Ok(Layer::new("Dropout", nn::Dropout::new(p, self::seed(seed))?))
+        Ok(Layer::new("Dropout", nn::Dropout::new(p, self::seed("dropout", seed)?)?))
     }
 
     #[wasm_bindgen(js_name = leakyRelu)]
@@ -411,15 +409,16 @@ impl Kiln {
     /// (default true), causal, dropout (on the attention probabilities), seed.
     #[wasm_bindgen(js_name = multiheadAttention)]
     #[allow(non_snake_case)]
-    pub fn multihead_attention(&self, embedDim: u32, heads: u32, options: Option<AttentionOptionsArg>) -> Res<Layer> {
+    pub fn multihead_attention(&self, embedDim: f64, heads: f64, options: Option<AttentionOptionsArg>) -> Res<Layer> {
         const OP: &str = "multiheadAttention";
+        let (embed, heads) = (count(OP, "embedDim", embedDim)?, count(OP, "heads", heads)?);
         let o = options.as_deref();
         let layer = nn::MultiheadAttention::new(
             self.core_device(),
-            embedDim as usize,
-            heads as usize,
+            embed,
+            heads,
             field_bool(OP, o, "bias", true)?,
-            field_number(OP, o, "seed", 0.0)? as u64,
+            seed_arg(OP, field_number(OP, o, "seed", 0.0)?)?,
         )?
         .causal(field_bool(OP, o, "causal", false)?)
         .dropout(field_number(OP, o, "dropout", 0.0)?)?;
@@ -431,19 +430,20 @@ impl Kiln {
     #[allow(non_snake_case)]
     pub fn transformer_block(
         &self,
-        dModel: u32,
-        heads: u32,
-        dFF: u32,
+        dModel: f64,
+        heads: f64,
+        dFF: f64,
         dropout: Option<f64>,
         seed: Option<f64>,
     ) -> Res<Layer> {
+        const OP: &str = "transformerBlock";
         let layer = nn::TransformerBlock::new(
             self.core_device(),
-            dModel as usize,
-            heads as usize,
-            dFF as usize,
+            count(OP, "dModel", dModel)?,
+            count(OP, "heads", heads)?,
+            count(OP, "dFF", dFF)?,
             dropout.unwrap_or(0.0),
-            self::seed(seed),
+            self::seed(OP, seed)?,
         )?;
         Ok(Layer::with_cache("TransformerBlock", layer))
     }
@@ -465,7 +465,7 @@ impl Kiln {
         use nn::init;
         let d = self.core_device();
         let dims = dims(&uints("initParam", shape)?);
-        let seed = self::seed(seed);
+        let seed = self::seed("initParam", seed)?;
         let inner = match kind.as_string().as_deref().unwrap_or("") {
             "zeros" => init::zeros(d, name, &dims),
             "ones" => init::ones(d, name, &dims),
@@ -491,10 +491,17 @@ impl Kiln {
     /// `headDim` values.
     #[wasm_bindgen(js_name = kvCache)]
     #[allow(non_snake_case)]
-    pub fn kv_cache(&self, layers: u32, batch: u32, heads: u32, headDim: u32, capacity: u32) -> Res<KvCache> {
+    pub fn kv_cache(&self, layers: f64, batch: f64, heads: f64, headDim: f64, capacity: f64) -> Res<KvCache> {
+        const OP: &str = "kvCache";
         let d = self.core_device();
-        let inner =
-            nn::KvCache::new(d, layers as usize, batch as usize, heads as usize, headDim as usize, capacity as usize)?;
+        let inner = nn::KvCache::new(
+            d,
+            count(OP, "layers", layers)?,
+            count(OP, "batch", batch)?,
+            count(OP, "heads", heads)?,
+            count(OP, "headDim", headDim)?,
+            count(OP, "capacity", capacity)?,
+        )?;
         Ok(KvCache { inner })
     }
 }
@@ -512,5 +519,5 @@ fn conv_options(op: &'static str, kernel: &Pair, o: Option<&JsValue>) -> Res<([u
         groups: groups as usize,
         bias: field_bool(op, o, "bias", true)?,
     };
-    Ok((k, options, field_number(op, o, "seed", 0.0)? as u64))
+    Ok((k, options, seed_arg(op, field_number(op, o, "seed", 0.0)?)?))
 }

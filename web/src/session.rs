@@ -17,7 +17,7 @@ use wasm_bindgen::prelude::*;
 use crate::error::{KilnError, Res};
 use crate::graph::Graph;
 use crate::nn::{Linear, Param, Sequential};
-use crate::tensor_api::{host_from_js, uints, HostArray, IntList};
+use crate::tensor_api::{count, host_from_js, seed_arg, uints, HostArray, IntList};
 
 /// kiln on one device. Create with `await Kiln.create()`.
 #[wasm_bindgen]
@@ -151,13 +151,14 @@ impl Kiln {
 
     /// A Linear layer (PyTorch's initialisation, drawn from `seed`).
     #[allow(non_snake_case)]
-    pub fn linear(&self, inFeatures: u32, outFeatures: u32, bias: Option<bool>, seed: Option<f64>) -> Res<Linear> {
+    pub fn linear(&self, inFeatures: f64, outFeatures: f64, bias: Option<bool>, seed: Option<f64>) -> Res<Linear> {
+        const OP: &str = "linear";
         let layer = kiln_core::nn::Linear::new(
             &self.device,
-            inFeatures as usize,
-            outFeatures as usize,
+            count(OP, "inFeatures", inFeatures)?,
+            count(OP, "outFeatures", outFeatures)?,
             bias.unwrap_or(true),
-            seed.unwrap_or(0.0) as u64,
+            seed_arg(OP, seed.unwrap_or(0.0))?,
         )?;
         Ok(Linear { inner: std::rc::Rc::new(layer) })
     }
@@ -167,7 +168,7 @@ impl Kiln {
     /// `Sequential::mlp(widths, activation, seed)`.
     pub fn mlp(&self, widths: &IntList, activation: Option<String>, seed: Option<f64>) -> Res<Sequential> {
         let widths: Vec<usize> = uints("mlp", widths)?.into_iter().map(|d| d as usize).collect();
-        self.mlp_native(&widths, activation.as_deref().unwrap_or("relu"), seed.unwrap_or(0.0) as u64)
+        self.mlp_native(&widths, activation.as_deref().unwrap_or("relu"), seed_arg("mlp", seed.unwrap_or(0.0))?)
     }
 
     /// An empty Sequential; `add()` layers to it.

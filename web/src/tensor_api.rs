@@ -142,8 +142,8 @@ pub(crate) fn ints(op: &'static str, value: &JsValue) -> Res<Vec<isize>> {
     let bad = || KilnError::argument(op, format!("expected an integer or a list of integers, got {}", describe(value)));
     let one = |v: &JsValue| -> Res<isize> {
         match v.as_f64() {
-            Some(x) if x.fract() == 0.0 && x.abs() < 1e15 => Ok(x as isize),
-            _ => Err(bad()),
+            Some(x) => whole(op, "", x, isize::MIN as f64, isize::MAX as f64).map(|x| x as isize),
+            None => Err(bad()),
         }
     };
     if value.as_f64().is_some() {
@@ -163,6 +163,50 @@ pub(crate) fn uints(op: &'static str, value: &JsValue) -> Res<Vec<u32>> {
             u32::try_from(x).map_err(|_| KilnError::argument(op, format!("{x} is not a valid size (must be >= 0)")))
         })
         .collect()
+}
+
+/// A JS number that must be a whole number in min..=max. The bindings take
+/// integers as f64 and check them here because wasm-bindgen's own u32 and
+/// i32 conversions wrap silently (-1 became 4294967295, 2 ** 32 + 1 became
+/// 1, 2.5 became 2 and undefined 0).
+#[inline(never)]
+pub(crate) fn whole(op: &'static str, what: &str, x: f64, min: f64, max: f64) -> Res<i64> {
+    let name = if what.is_empty() { String::new() } else { format!("{what} = ") };
+    if x.is_nan() || x.fract() != 0.0 {
+        return Err(KilnError::argument(op, format!("{name}{x} is not an integer")));
+    }
+    if x < min || x > max {
+        return Err(KilnError::argument(op, format!("{name}{x} is out of range ({min} to {max})")));
+    }
+    Ok(x as i64)
+}
+
+/// A count or size argument: a whole number from 0 to 2^31 - 1 (sizes
+/// beyond are over kiln's tensor limits anyway).
+#[inline(never)]
+pub(crate) fn count(op: &'static str, what: &str, x: f64) -> Res<usize> {
+    whole(op, what, x, 0.0, i32::MAX as f64).map(|x| x as usize)
+}
+
+/// An axis or signed offset argument: a whole number in i32's range.
+#[inline(never)]
+pub(crate) fn signed(op: &'static str, what: &str, x: f64) -> Res<isize> {
+    whole(op, what, x, i32::MIN as f64, i32::MAX as f64).map(|x| x as isize)
+}
+
+/// A seed: a whole number (|seed| <= 2^53, the integers a JS number holds
+/// exactly); a negative seed is taken modulo 2^64, as PyTorch's
+/// manual_seed does, so -1 and 0 are different streams.
+#[inline(never)]
+pub(crate) fn seed_arg(op: &'static str, x: f64) -> Res<u64> {
+    let limit = 2f64.powi(53);
+    whole(op, "seed", x, -limit, limit).map(|s| s as u64)
+}
+
+/// An optional axis or offset argument.
+#[inline(never)]
+pub(crate) fn signed_or(op: &'static str, what: &str, x: Option<f64>, default: isize) -> Res<isize> {
+    x.map_or(Ok(default), |x| signed(op, what, x))
 }
 
 /// Turn a read into a Promise (settled already when the device answered
@@ -251,9 +295,10 @@ impl Graph {
     }
 
     /// `length` values start, start + step, ...
-    pub fn arange(&self, start: f64, step: f64, length: u32, dtype: Option<String>) -> Res<Tensor> {
+    pub fn arange(&self, start: f64, step: f64, length: f64, dtype: Option<String>) -> Res<Tensor> {
         let dtype = parse_dtype("arange", dtype)?;
-        self.make(|g| g.arange(start, step, length as usize, dtype))
+        let length = count("arange", "length", length)?;
+        self.make(|g| g.arange(start, step, length, dtype))
     }
 
     /// Start the next step: frees every intermediate buffer of this one and
@@ -334,9 +379,10 @@ impl Graph {
     }
 
     /// Concatenate tensors of this graph along `axis`.
-    pub fn concat(&self, tensors: &TensorArray, axis: i32) -> Res<Tensor> {
+    pub fn concat(&self, tensors: &TensorArray, axis: f64) -> Res<Tensor> {
+        let axis = signed("concat", "axis", axis)?;
         let ts = tensors_from_js("concat", tensors)?;
-        Tensor::map_many(&ts, "concat", |core| CoreTensor::concat(core, axis as isize))
+        Tensor::map_many(&ts, "concat", |core| CoreTensor::concat(core, axis))
     }
 }
 
@@ -603,15 +649,15 @@ impl Tensor {
     }
 
     /// Softmax along `axis` (default -1).
-    pub fn softmax(&self, axis: Option<i32>) -> Res<Tensor> {
-        let axis = axis.unwrap_or(-1) as isize;
+    pub fn softmax(&self, axis: Option<f64>) -> Res<Tensor> {
+        let axis = signed_or("softmax", "axis", axis, -1)?;
         self.map(|t| t.softmax(axis))
     }
 
     /// log(softmax(x)) along `axis` (default -1), computed stably.
     #[wasm_bindgen(js_name = logSoftmax)]
-    pub fn log_softmax(&self, axis: Option<i32>) -> Res<Tensor> {
-        let axis = axis.unwrap_or(-1) as isize;
+    pub fn log_softmax(&self, axis: Option<f64>) -> Res<Tensor> {
+        let axis = signed_or("logSoftmax", "axis", axis, -1)?;
         self.map(|t| t.log_softmax(axis))
     }
 
@@ -621,9 +667,10 @@ impl Tensor {
     }
 
     /// Variance over `axes` with Bessel's `correction` (default 1).
-    pub fn var(&self, axes: &AxesArg, keepdim: Option<bool>, correction: Option<u32>) -> Res<Tensor> {
+    pub fn var(&self, axes: &AxesArg, keepdim: Option<bool>, correction: Option<f64>) -> Res<Tensor> {
         let a = ints("var", axes)?;
-        self.map(|t| t.var(&a, keepdim.unwrap_or(false), correction.unwrap_or(1) as usize))
+        let correction = count("var", "correction", correction.unwrap_or(1.0))?;
+        self.map(|t| t.var(&a, keepdim.unwrap_or(false), correction))
     }
 
     pub fn clamp(&self, min: f64, max: f64) -> Res<Tensor> {
@@ -637,8 +684,8 @@ impl Tensor {
     }
 
     /// Swap two axes (default: the last two).
-    pub fn transpose(&self, a: Option<i32>, b: Option<i32>) -> Res<Tensor> {
-        let (a, b) = (a.unwrap_or(-2) as isize, b.unwrap_or(-1) as isize);
+    pub fn transpose(&self, a: Option<f64>, b: Option<f64>) -> Res<Tensor> {
+        let (a, b) = (signed_or("transpose", "a", a, -2)?, signed_or("transpose", "b", b, -1)?);
         self.map(|t| t.transpose(a, b))
     }
 
@@ -656,21 +703,27 @@ impl Tensor {
 
     /// Elements start, start+step, ... below end along `axis`.
     #[wasm_bindgen(js_name = sliceAxis)]
-    pub fn slice_axis(&self, axis: i32, start: u32, end: u32, step: Option<u32>) -> Res<Tensor> {
-        self.map(|t| t.slice_axis(axis as isize, start as usize, end as usize, step.unwrap_or(1) as usize))
+    pub fn slice_axis(&self, axis: f64, start: f64, end: f64, step: Option<f64>) -> Res<Tensor> {
+        const OP: &str = "sliceAxis";
+        let axis = signed(OP, "axis", axis)?;
+        let (start, end) = (count(OP, "start", start)?, count(OP, "end", end)?);
+        let step = count(OP, "step", step.unwrap_or(1.0))?;
+        self.map(|t| t.slice_axis(axis, start, end, step))
     }
 
     /// Pick entries along `axis` at int32 `index`.
     #[wasm_bindgen(js_name = indexSelect)]
-    pub fn index_select(&self, axis: i32, index: &Tensor) -> Res<Tensor> {
-        self.map2(index, "index_select", move |a, i| a.index_select(axis as isize, i))
+    pub fn index_select(&self, axis: f64, index: &Tensor) -> Res<Tensor> {
+        let axis = signed("indexSelect", "axis", axis)?;
+        self.map2(index, "index_select", move |a, i| a.index_select(axis, i))
     }
 
     /// One-hot rows of int32 labels.
     #[wasm_bindgen(js_name = oneHot)]
-    pub fn one_hot(&self, classes: u32, dtype: Option<String>) -> Res<Tensor> {
+    pub fn one_hot(&self, classes: f64, dtype: Option<String>) -> Res<Tensor> {
         let dtype = parse_dtype("oneHot", dtype)?;
-        self.map(|t| t.one_hot(classes as usize, dtype))
+        let classes = count("oneHot", "classes", classes)?;
+        self.map(|t| t.one_hot(classes, dtype))
     }
 
     /// Convert to another dtype.

@@ -12,7 +12,7 @@ use wasm_bindgen::JsCast;
 
 use crate::error::{KilnError, Res};
 use crate::graph::{parse_dtype, Graph, Tensor};
-use crate::tensor_api::{dims, tensor_from_js, uints, IntList, TensorArg};
+use crate::tensor_api::{count, dims, seed_arg, signed, signed_or, tensor_from_js, uints, IntList, TensorArg};
 
 #[wasm_bindgen]
 extern "C" {
@@ -111,7 +111,8 @@ impl Graph {
     pub fn rand_uniform(&self, shape: &IntList, seed: f64, dtype: Option<String>) -> Res<Tensor> {
         let dtype = parse_dtype("randUniform", dtype)?;
         let d = dims(&uints("randUniform", shape)?);
-        self.make(|g| g.rand_uniform(&d, seed as u64, dtype))
+        let seed = seed_arg("randUniform", seed)?;
+        self.make(|g| g.rand_uniform(&d, seed, dtype))
     }
 
     /// Standard normal values (same generator as `randUniform`).
@@ -119,19 +120,26 @@ impl Graph {
     pub fn rand_normal(&self, shape: &IntList, seed: f64, dtype: Option<String>) -> Res<Tensor> {
         let dtype = parse_dtype("randNormal", dtype)?;
         let d = dims(&uints("randNormal", shape)?);
-        self.make(|g| g.rand_normal(&d, seed as u64, dtype))
+        let seed = seed_arg("randNormal", seed)?;
+        self.make(|g| g.rand_normal(&d, seed, dtype))
     }
 
     /// A bool [rows, cols] mask, true on and below diagonal `diagonal`.
     #[wasm_bindgen(js_name = trilMask)]
-    pub fn tril_mask(&self, rows: u32, cols: u32, diagonal: Option<i32>) -> Res<Tensor> {
-        self.make(|g| g.tril_mask(rows as usize, cols as usize, diagonal.unwrap_or(0) as i64))
+    pub fn tril_mask(&self, rows: f64, cols: f64, diagonal: Option<f64>) -> Res<Tensor> {
+        const OP: &str = "trilMask";
+        let (rows, cols) = (count(OP, "rows", rows)?, count(OP, "cols", cols)?);
+        let diagonal = signed_or(OP, "diagonal", diagonal, 0)? as i64;
+        self.make(|g| g.tril_mask(rows, cols, diagonal))
     }
 
     /// A bool [rows, cols] mask, true on and above diagonal `diagonal`.
     #[wasm_bindgen(js_name = triuMask)]
-    pub fn triu_mask(&self, rows: u32, cols: u32, diagonal: Option<i32>) -> Res<Tensor> {
-        self.make(|g| g.triu_mask(rows as usize, cols as usize, diagonal.unwrap_or(0) as i64))
+    pub fn triu_mask(&self, rows: f64, cols: f64, diagonal: Option<f64>) -> Res<Tensor> {
+        const OP: &str = "triuMask";
+        let (rows, cols) = (count(OP, "rows", rows)?, count(OP, "cols", cols)?);
+        let diagonal = signed_or(OP, "diagonal", diagonal, 0)? as i64;
+        self.make(|g| g.triu_mask(rows, cols, diagonal))
     }
 }
 
@@ -156,19 +164,23 @@ impl Tensor {
     /// This tensor with `source`'s slices added at int32 `index` positions
     /// along `axis` (the adjoint of `indexSelect`).
     #[wasm_bindgen(js_name = scatterAdd)]
-    pub fn scatter_add(&self, axis: i32, index: &Tensor, source: &Tensor) -> Res<Tensor> {
-        self.map3(index, source, "scatterAdd", move |d, i, s| d.scatter_add(axis as isize, i, s))
+    pub fn scatter_add(&self, axis: f64, index: &Tensor, source: &Tensor) -> Res<Tensor> {
+        let axis = signed("scatterAdd", "axis", axis)?;
+        self.map3(index, source, "scatterAdd", move |d, i, s| d.scatter_add(axis, i, s))
     }
 
     /// Split along `axis` into pieces of the given sizes.
-    pub fn split(&self, sizes: &IntList, axis: Option<i32>) -> Res<TensorList> {
+    pub fn split(&self, sizes: &IntList, axis: Option<f64>) -> Res<TensorList> {
         let s = dims(&uints("split", sizes)?);
-        Ok(tensor_list(self.map_to_many(|t| t.split(&s, axis.unwrap_or(0) as isize))?))
+        let axis = signed_or("split", "axis", axis, 0)?;
+        Ok(tensor_list(self.map_to_many(|t| t.split(&s, axis))?))
     }
 
     /// Split along `axis` into `chunks` nearly equal pieces.
-    pub fn chunk(&self, chunks: u32, axis: Option<i32>) -> Res<TensorList> {
-        Ok(tensor_list(self.map_to_many(|t| t.chunk(chunks as usize, axis.unwrap_or(0) as isize))?))
+    pub fn chunk(&self, chunks: f64, axis: Option<f64>) -> Res<TensorList> {
+        let chunks = count("chunk", "chunks", chunks)?;
+        let axis = signed_or("chunk", "axis", axis, 0)?;
+        Ok(tensor_list(self.map_to_many(|t| t.chunk(chunks, axis))?))
     }
 
     /// [N, C, H, W] → [N, C·kh·kw, OH·OW]: each window position's pixels as
@@ -254,25 +266,29 @@ impl Tensor {
 
     /// RMS normalisation over the last `dims` axes (no weight); eps 1e-5.
     #[wasm_bindgen(js_name = rmsNorm)]
-    pub fn rms_norm(&self, dims: u32, eps: Option<f64>) -> Res<Tensor> {
-        self.map(|t| t.rms_norm(dims as usize, eps.unwrap_or(1e-5)))
+    pub fn rms_norm(&self, dims: f64, eps: Option<f64>) -> Res<Tensor> {
+        let dims = count("rmsNorm", "dims", dims)?;
+        self.map(|t| t.rms_norm(dims, eps.unwrap_or(1e-5)))
     }
 
     /// Group normalisation of [N, C, ...] over `groups` channel groups (no
     /// weight); eps 1e-5.
     #[wasm_bindgen(js_name = groupNorm)]
-    pub fn group_norm(&self, groups: u32, eps: Option<f64>) -> Res<Tensor> {
-        self.map(|t| t.group_norm(groups as usize, eps.unwrap_or(1e-5)))
+    pub fn group_norm(&self, groups: f64, eps: Option<f64>) -> Res<Tensor> {
+        let groups = count("groupNorm", "groups", groups)?;
+        self.map(|t| t.group_norm(groups, eps.unwrap_or(1e-5)))
     }
 
     /// Zero above diagonal `diagonal` of the last two axes.
-    pub fn tril(&self, diagonal: Option<i32>) -> Res<Tensor> {
-        self.map(|t| t.tril(diagonal.unwrap_or(0) as i64))
+    pub fn tril(&self, diagonal: Option<f64>) -> Res<Tensor> {
+        let diagonal = signed_or("tril", "diagonal", diagonal, 0)? as i64;
+        self.map(|t| t.tril(diagonal))
     }
 
     /// Zero below diagonal `diagonal` of the last two axes.
-    pub fn triu(&self, diagonal: Option<i32>) -> Res<Tensor> {
-        self.map(|t| t.triu(diagonal.unwrap_or(0) as i64))
+    pub fn triu(&self, diagonal: Option<f64>) -> Res<Tensor> {
+        let diagonal = signed_or("triu", "diagonal", diagonal, 0)? as i64;
+        self.map(|t| t.triu(diagonal))
     }
 
     /// `value` where the bool `mask` is true, this tensor elsewhere.
@@ -284,8 +300,8 @@ impl Tensor {
     /// Softmax along `axis` (default -1) over the entries where the bool
     /// `keep` is true (all when omitted); rows with none kept give zeros.
     #[wasm_bindgen(js_name = maskedSoftmax)]
-    pub fn masked_softmax(&self, keep: Option<TensorArg>, axis: Option<i32>) -> Res<Tensor> {
-        let axis = axis.unwrap_or(-1) as isize;
+    pub fn masked_softmax(&self, keep: Option<TensorArg>, axis: Option<f64>) -> Res<Tensor> {
+        let axis = signed_or("maskedSoftmax", "axis", axis, -1)?;
         match keep {
             None => self.map(|t| t.masked_softmax(None, axis)),
             Some(k) => {
@@ -299,8 +315,9 @@ impl Tensor {
     /// j with j - i <= `diagonal` (default 0: causal attention); one
     /// primitive, no mask tensor. Rows with nothing kept give zeros.
     #[wasm_bindgen(js_name = causalSoftmax)]
-    pub fn causal_softmax(&self, diagonal: Option<i32>) -> Res<Tensor> {
-        self.map(|t| t.causal_softmax(diagonal.unwrap_or(0) as i64))
+    pub fn causal_softmax(&self, diagonal: Option<f64>) -> Res<Tensor> {
+        let diagonal = signed_or("causalSoftmax", "diagonal", diagonal, 0)? as i64;
+        self.map(|t| t.causal_softmax(diagonal))
     }
 
     /// Logical not of a bool tensor.
@@ -312,14 +329,16 @@ impl Tensor {
     /// One int32 sample per row of these probabilities [..., K], drawn with
     /// kiln's counter-based generator from `seed`.
     pub fn multinomial(&self, seed: f64) -> Res<Tensor> {
-        self.map(|t| t.multinomial(seed as u64))
+        let seed = seed_arg("multinomial", seed)?;
+        self.map(|t| t.multinomial(seed))
     }
 
     /// Keep the `k` largest entries of each row, -inf elsewhere (top-k
     /// sampling's filter).
     #[wasm_bindgen(js_name = topKFilter)]
-    pub fn top_k_filter(&self, k: u32) -> Res<Tensor> {
-        self.map(|t| t.top_k_filter(k as usize))
+    pub fn top_k_filter(&self, k: f64) -> Res<Tensor> {
+        let k = count("topKFilter", "k", k)?;
+        self.map(|t| t.top_k_filter(k))
     }
 }
 

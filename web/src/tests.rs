@@ -171,7 +171,7 @@ fn wrong_dtype_is_a_dtype_error_in_every_op() {
         cross_entropy(&logits, &float_labels).unwrap_err(),
         crate::nn::nll_loss(&logits, &float_labels).unwrap_err(),
         float_labels.map(|t| t.one_hot(3, kiln_core::DType::F32)).unwrap_err(),
-        logits.index_select(0, &float_labels).unwrap_err(),
+        logits.index_select(0.0, &float_labels).unwrap_err(),
     ];
     for e in &errors {
         assert_eq!(e.kind, "DType", "{e:?}");

@@ -274,6 +274,46 @@ export const tests = [
       (e) => assert(e.kind === 'OutOfRange' && /5/.test(e.message), `bad label: ${e.kind} ${e.message}`), 'label out of range');
     g.free();
   }],
+  ['integer arguments are checked, never wrapped or truncated', async (k, env, kiln) => {
+    // wasm-bindgen's own integer conversions wrap (-1 -> 4294967295) and
+    // truncate (2.5 -> 2); kiln takes numbers and checks them.
+    const g = kiln.graph();
+    const x = g.tensor(new Float32Array([1, 2, 3, 4, 5, 6]), [2, 3]);
+    const labels = g.tensor(new Int32Array([0, 2]), [2]);
+    for (const [what, fn, name] of [
+      ['arange length -5', () => g.arange(0, 1, -5), 'length'],
+      ['arange length 2^40', () => g.arange(0, 1, 2 ** 40), 'length'],
+      ['arange length 2.5', () => g.arange(0, 1, 2.5), 'length'],
+      ['sliceAxis start -1', () => x.sliceAxis(1, -1, 2), 'start'],
+      ['sliceAxis end NaN', () => x.sliceAxis(1, 0, NaN), 'end'],
+      ['sliceAxis axis 0.5', () => x.sliceAxis(0.5, 0, 1), 'axis'],
+      ['chunk -1', () => x.chunk(-1), 'chunks'],
+      ['topKFilter -1', () => x.topKFilter(-1), 'k'],
+      ['oneHot classes -1', () => labels.oneHot(-1), 'classes'],
+      ['softmax axis 2^32 - 1', () => x.softmax(2 ** 32 - 1), 'axis'],
+      ['linear inFeatures -1', () => kiln.linear(-1, 3), 'inFeatures'],
+      ['embedding dim 1.5', () => kiln.embedding(4, 1.5), 'dim'],
+      ['conv2d outChannels undefined', () => kiln.conv2d(1, undefined, 3), 'outChannels'],
+      ['kvCache capacity -2', () => kiln.kvCache(1, 1, 1, 4, -2), 'capacity'],
+      ['trilMask rows -3', () => g.trilMask(-3, 3), 'rows'],
+      ['randNormal seed 0.5', () => g.randNormal([2], 0.5), 'seed'],
+      ['permutation n -1', () => k.permutation(-1, 0), 'n'],
+    ]) {
+      throws(fn, (e) => {
+        assert(e instanceof k.KilnError && e.kind === 'InvalidArgument', `${what}: ${e.kind} ${e.message}`);
+        assert(e.message.includes(`${name} = `), `${what}: names ${name}: ${e.message}`);
+      }, what);
+    }
+    // Negative seeds are distinct streams, not all seed 0.
+    const a = await g.randNormal([4], -1).toArray();
+    const b = await g.randNormal([4], 0).toArray();
+    assert(a.some((v, i) => v !== b[i]), 'seed -1 differs from seed 0');
+    // A label outside 0..classes is an error (as PyTorch's one_hot), not a zero row.
+    await rejects(g.tensor(new Int32Array([0, 5]), [2]).oneHot(3).toArray(),
+      (e) => assert(e.kind === 'OutOfRange' && /index 5 at position 1/.test(e.message), `oneHot label: ${e.kind} ${e.message}`), 'oneHot label 5 of 3');
+    allClose(await labels.oneHot(3).toArray(), [1, 0, 0, 0, 0, 1], 0, 'oneHot still works');
+    g.free();
+  }],
   ['a read started before reset still resolves', async (k, env, kiln) => {
     const g = kiln.graph();
     const x = g.tensor(new Float32Array([1, 2, 3]), [3]);

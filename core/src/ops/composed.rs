@@ -294,6 +294,8 @@ impl<'g> Tensor<'g> {
     }
 
     /// One-hot rows: an i32 label vector [n] becomes [n, classes] of `dtype`.
+    /// A label outside 0..classes is an error naming the label and its
+    /// position (as PyTorch's one_hot), not a row of zeros.
     #[track_caller]
     pub fn one_hot(self, classes: usize, dtype: DType) -> Result<Tensor<'g>> {
         if self.dtype() != DType::I32 {
@@ -303,7 +305,12 @@ impl<'g> Tensor<'g> {
             return Err(Error::shape("one_hot", format!("labels must be 1-D, got shape {:?}", self.dims().as_slice())));
         }
         let n = self.numel();
+        // Gathering from a [classes] tensor range-checks every label on
+        // every backend (IndexSelect's check, done where the labels are,
+        // without a host round trip) and gives zeros; adding them leaves
+        // the labels as they were.
         let classes_row = self.graph.arange(0.0, 1.0, classes, DType::I32)?.reshape_to(&[1, classes])?;
-        self.reshape_to(&[n, 1])?.eq(classes_row)?.cast(dtype)
+        let checked = self.graph.zeros(&[classes], DType::I32)?.index_select(0, self)?.add(self)?;
+        checked.reshape_to(&[n, 1])?.eq(classes_row)?.cast(dtype)
     }
 }
