@@ -225,7 +225,10 @@ impl<'g> Tensor<'g> {
     /// counter-based generator), and computed on the device: the running
     /// sums are a matmul with a triangular matrix and the pick is a count
     /// of sums below the draw, so no host round trip is needed. O(V²)
-    /// work per row, fine for vocabularies of a few thousand.
+    /// work per row, fine for vocabularies of a few thousand. The weights
+    /// are not checked (that would need a host round trip): a row of zeros
+    /// gives its last category, and a row with a negative or NaN weight
+    /// gives some category in 0..V, never an out-of-range index.
     #[track_caller]
     pub fn multinomial(self, seed: u64) -> Result<Tensor<'g>> {
         let d = self.dims();
