@@ -12,6 +12,11 @@
 // `StaleTensor` KilnError as before (recorded here, since the handle's
 // wasm side is gone): `isAlive` is false, `step` and `graphId` still read.
 //
+// An object freed by hand (`free()`, or `using`) is refused the same way:
+// any use, or passing it to another call, is a KilnError naming its class
+// (wasm-bindgen's glue would throw a bare "null pointer passed to rust"),
+// and a second `free()` does nothing.
+//
 // `scopeHandles(glue, KilnError)` patches the glue's classes in place and
 // returns the module's functions wrapped the same way.
 
@@ -21,6 +26,19 @@ export function scopeHandles(glue, KilnError) {
   const retired = new WeakMap();  // freed handle -> { graph, step, now } or { graph, freed: true }
   const graphs = new FinalizationRegistry((id) => steps.delete(id));
   const freeTensor = Tensor.prototype.free;
+  // The glue's classes by constructor, with their exported names.
+  const classes = new Map();
+  for (const [name, value] of Object.entries(glue)) {
+    if (typeof value === 'function' && value.prototype && typeof value.prototype.free === 'function') classes.set(value, name);
+  }
+  // A class instance whose wasm side is gone (wasm-bindgen zeroes the pointer).
+  const isFreed = (v) => v !== null && typeof v === 'object' && classes.has(v.constructor) && v.__wbg_ptr === 0;
+  const freedError = (v, what) => {
+    const name = classes.get(v.constructor);
+    const kind = v instanceof Tensor || v instanceof Graph ? 'StaleTensor' : 'InvalidArgument';
+    const who = what === 'this' ? `this ${name}` : `a ${name} passed as an argument`;
+    return new KilnError(kind, name, `${who} was freed with free() and can no longer be used`);
+  };
 
   const note = (value) => {
     if (value instanceof Tensor) {
@@ -58,6 +76,7 @@ export function scopeHandles(glue, KilnError) {
     for (const a of args) {
       const info = a instanceof Tensor ? retired.get(a) : undefined;
       if (info) return stale(info, 'the other operand');
+      if (isFreed(a)) return freedError(a, 'argument');
       if (Array.isArray(a)) {
         const bad = staleArgument(a);
         if (bad) return bad;
@@ -68,13 +87,11 @@ export function scopeHandles(glue, KilnError) {
 
   const promiseMethods = new Set(['toArray', 'item']);
   const wrap = (fn, name, ofTensor) => function (...args) {
-    if (ofTensor) {
-      const info = retired.get(this);
-      if (info) {
-        const error = stale(info, 'this tensor');
-        if (promiseMethods.has(name)) return Promise.reject(error);
-        throw error;
-      }
+    const info = ofTensor ? retired.get(this) : undefined;
+    if (info || isFreed(this)) {
+      const error = info ? stale(info, 'this tensor') : freedError(this, 'this');
+      if (promiseMethods.has(name)) return Promise.reject(error);
+      throw error;
     }
     const bad = staleArgument(args);
     if (bad) throw bad;
@@ -85,6 +102,12 @@ export function scopeHandles(glue, KilnError) {
     if (typeof value !== 'function' || !value.prototype || typeof value.prototype.free !== 'function') continue;
     const ofTensor = value === Tensor;
     const proto = value.prototype;
+    // free() twice is a no-op (Tensor's and Graph's own free below too).
+    const ownFree = proto.free;
+    if (!ofTensor && value !== Graph) {
+      proto.free = function () { if (!isFreed(this)) ownFree.call(this); };
+      if (Symbol.dispose && proto[Symbol.dispose]) proto[Symbol.dispose] = proto.free;
+    }
     for (const key of Object.getOwnPropertyNames(proto)) {
       if (key === 'constructor' || key === 'free' || key === '__destroy_into_raw') continue;
       const d = Object.getOwnPropertyDescriptor(proto, key);
@@ -103,6 +126,10 @@ export function scopeHandles(glue, KilnError) {
               if (known[key]) return known[key](info);
               throw stale(info, 'this tensor');
             }
+            if (isFreed(this)) {
+              if (key === 'isAlive') return false;
+              throw freedError(this, 'this');
+            }
             return note(get.call(this));
           },
         });
@@ -119,7 +146,7 @@ export function scopeHandles(glue, KilnError) {
   // free() of one handle: it leaves its step's set; after the step has
   // ended (and freed it) it is a no-op.
   Tensor.prototype.free = function () {
-    if (retired.has(this)) return;
+    if (retired.has(this) || isFreed(this)) return;
     steps.get(this.graphId)?.delete(this);
     freeTensor.call(this);
   };
@@ -134,6 +161,7 @@ export function scopeHandles(glue, KilnError) {
   };
   const free = Graph.prototype.free;
   Graph.prototype.free = function () {
+    if (isFreed(this)) return;
     const id = this.id;
     free.call(this);
     retire(id, { freed: true });

@@ -314,6 +314,31 @@ export const tests = [
     allClose(await labels.oneHot(3).toArray(), [1, 0, 0, 0, 0, 1], 0, 'oneHot still works');
     g.free();
   }],
+  ['objects freed by hand are refused with a KilnError, and free() twice is harmless', async (k, env, kiln) => {
+    const g = kiln.graph();
+    const t = g.tensor(new Float32Array([1, 2]), [2]);
+    t.free();
+    t.free();
+    assert(t.isAlive === false, 'a freed tensor is not alive');
+    const freed = (kind, name, pattern) => (e) => {
+      assert(e instanceof k.KilnError && e.kind === kind && e.op === name && pattern.test(e.message), `${e.kind} ${e.op}: ${e.message}`);
+    };
+    throws(() => t.add(1), freed('StaleTensor', 'Tensor', /this Tensor was freed/), 'method of a freed tensor');
+    await rejects(t.toArray(), freed('StaleTensor', 'Tensor', /this Tensor was freed/), 'read of a freed tensor');
+    throws(() => g.tensor(new Float32Array([3, 4]), [2]).add(t), freed('StaleTensor', 'Tensor', /a Tensor passed as an argument was freed/), 'freed operand');
+    const model = kiln.mlp([2, 3]);
+    model.free();
+    model.free();
+    throws(() => model.forward(g.zeros([1, 2])), freed('InvalidArgument', 'Sequential', /this Sequential was freed/), 'freed model');
+    throws(() => k.decaySplit(model, 0.1), freed('InvalidArgument', 'Sequential', /a Sequential passed as an argument was freed/), 'freed model as an argument');
+    throws(() => new k.Adam(model, 1e-3), (e) => assert(e instanceof k.KilnError && e.kind === 'InvalidArgument', e.message), 'freed model given to a constructor');
+    const other = kiln.graph();
+    other.free();
+    other.free();
+    throws(() => other.zeros([1]), (e) => assert(e instanceof k.KilnError && e.kind === 'StaleTensor', e.message), 'freed graph');
+    allClose(await g.tensor(new Float32Array([1, 2]), [2]).add(1).toArray(), [2, 3], 0, 'the graph still works');
+    g.free();
+  }],
   ['a read started before reset still resolves', async (k, env, kiln) => {
     const g = kiln.graph();
     const x = g.tensor(new Float32Array([1, 2, 3]), [3]);
