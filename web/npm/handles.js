@@ -98,8 +98,7 @@ export function scopeHandles(glue, KilnError) {
     return note(fn.apply(this, args));
   };
 
-  for (const value of Object.values(glue)) {
-    if (typeof value !== 'function' || !value.prototype || typeof value.prototype.free !== 'function') continue;
+  for (const value of classes.keys()) {
     const ofTensor = value === Tensor;
     const proto = value.prototype;
     // free() twice is a no-op (Tensor's and Graph's own free below too).
@@ -146,7 +145,7 @@ export function scopeHandles(glue, KilnError) {
   // free() of one handle: it leaves its step's set; after the step has
   // ended (and freed it) it is a no-op.
   Tensor.prototype.free = function () {
-    if (retired.has(this) || isFreed(this)) return;
+    if (isFreed(this)) return; // by hand, or with its step
     steps.get(this.graphId)?.delete(this);
     freeTensor.call(this);
   };
@@ -169,7 +168,7 @@ export function scopeHandles(glue, KilnError) {
 
   const functions = {};
   for (const [name, value] of Object.entries(glue)) {
-    if (typeof value === 'function' && !(value.prototype && typeof value.prototype.free === 'function')) {
+    if (typeof value === 'function' && !classes.has(value)) {
       functions[name] = wrap(value, name, false);
     }
   }

@@ -148,12 +148,10 @@ fn schedule(inner: optim::Schedule) -> Res<Schedule> {
     Ok(Schedule { inner })
 }
 
+/// A step count: a whole number from 0 to 2^53 (the integers a JS number
+/// holds exactly), checked by the bindings' one integer check.
 fn whole(op: &'static str, what: &str, v: f64) -> Res<u64> {
-    if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 2f64.powi(53) {
-        Ok(v as u64)
-    } else {
-        Err(KilnError::argument(op, format!("{what} must be a whole number >= 0, got {v}")))
-    }
+    crate::tensor_api::whole(op, what, v, 0.0, 2f64.powi(53)).map(|v| v as u64)
 }
 
 #[wasm_bindgen]

@@ -169,11 +169,10 @@ pub(crate) fn uints(op: &'static str, value: &JsValue) -> Res<Vec<u32>> {
 /// integers as f64 and check them here because wasm-bindgen's own u32 and
 /// i32 conversions wrap silently (-1 became 4294967295, 2 ** 32 + 1 became
 /// 1, 2.5 became 2 and undefined 0).
-#[inline(never)]
 pub(crate) fn whole(op: &'static str, what: &str, x: f64, min: f64, max: f64) -> Res<i64> {
     let name = if what.is_empty() { String::new() } else { format!("{what} = ") };
     if x.is_nan() || x.fract() != 0.0 {
-        return Err(KilnError::argument(op, format!("{name}{x} is not an integer")));
+        return Err(KilnError::argument(op, format!("{name}{x} is not a whole number")));
     }
     if x < min || x > max {
         return Err(KilnError::argument(op, format!("{name}{x} is out of range ({min} to {max})")));
@@ -183,13 +182,11 @@ pub(crate) fn whole(op: &'static str, what: &str, x: f64, min: f64, max: f64) ->
 
 /// A count or size argument: a whole number from 0 to 2^31 - 1 (sizes
 /// beyond are over kiln's tensor limits anyway).
-#[inline(never)]
 pub(crate) fn count(op: &'static str, what: &str, x: f64) -> Res<usize> {
     whole(op, what, x, 0.0, i32::MAX as f64).map(|x| x as usize)
 }
 
 /// An axis or signed offset argument: a whole number in i32's range.
-#[inline(never)]
 pub(crate) fn signed(op: &'static str, what: &str, x: f64) -> Res<isize> {
     whole(op, what, x, i32::MIN as f64, i32::MAX as f64).map(|x| x as isize)
 }
@@ -197,14 +194,12 @@ pub(crate) fn signed(op: &'static str, what: &str, x: f64) -> Res<isize> {
 /// A seed: a whole number (|seed| <= 2^53, the integers a JS number holds
 /// exactly); a negative seed is taken modulo 2^64, as PyTorch's
 /// manual_seed does, so -1 and 0 are different streams.
-#[inline(never)]
 pub(crate) fn seed_arg(op: &'static str, x: f64) -> Res<u64> {
     let limit = 2f64.powi(53);
     whole(op, "seed", x, -limit, limit).map(|s| s as u64)
 }
 
 /// An optional axis or offset argument.
-#[inline(never)]
 pub(crate) fn signed_or(op: &'static str, what: &str, x: Option<f64>, default: isize) -> Res<isize> {
     x.map_or(Ok(default), |x| signed(op, what, x))
 }
