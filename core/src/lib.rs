@@ -34,7 +34,7 @@ pub mod tensor_rng;
 
 pub use autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, BackwardOptions};
 pub use backend::cpu::CpuNumerics;
-pub use backend::{Backend, BufferId, Concurrency, KernelCall, ParamUpdate, TensorRef};
+pub use backend::{Backend, BufferId, Concurrency, KernelCall, ParamUpdate, ParamUpdateCall, TensorRef};
 pub use compile::Compiled;
 pub use device::{Device, ExecStats, PoolStats};
 pub use dtype::{DType, Element, HostData};

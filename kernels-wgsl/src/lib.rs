@@ -511,6 +511,11 @@ impl Backend for WgpuBackend {
         kernels::update::update(self, update, param, grad, state, dtype, len)
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
+    fn update_params(&self, calls: &[kiln_core::backend::ParamUpdateCall<'_>]) -> Result<()> {
+        kernels::update::update_many(self, calls)
+    }
+
     fn flush(&self) -> Result<()> {
         self.submit()
     }

@@ -40,8 +40,9 @@ pub use kiln_core::autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vj
 pub use kiln_core::op::Family;
 pub use kiln_core::{coverage, data, host_rng, nn, optim, shape};
 pub use kiln_core::{
-    AxisSet, BackwardOptions, BinaryOp, BufferId, CompareOp, CpuNumerics, DType, Device, Dims, Element, Error,
-    ErrorKind, ExecStats, Graph, HostData, IntoOperand, NoGradGuard, Op, OpInfo, Param, PoolStats, ReduceOp, Result,
+    AxisSet, Backend, BackwardOptions, BinaryOp, BufferId, CompareOp, CpuNumerics, DType, Device, Dims, Element, Error,
+    ErrorKind, ExecStats, Graph, HostData, IntoOperand, NoGradGuard, Op, OpInfo, Param, ParamUpdate, ParamUpdateCall, PoolStats,
+    ReduceOp, Result,
     SliceSpec, Tensor, TensorId, UnaryOp, Window2d,
 };
 

@@ -56,6 +56,20 @@ pub enum ParamUpdate {
     Adam { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, decoupled_weight_decay: bool, step: u64 },
 }
 
+/// One parameter's update in a multi-tensor `Backend::update_params` call.
+#[derive(Clone, Copy, Debug)]
+pub struct ParamUpdateCall<'a> {
+    pub update: ParamUpdate,
+    /// Where the current value is when it is not `param` (copy-on-write:
+    /// `source` is read and left as it is, the new value goes to `param`).
+    pub source: Option<BufferId>,
+    pub param: BufferId,
+    pub grad: BufferId,
+    pub state: &'a [BufferId],
+    pub dtype: DType,
+    pub len: usize,
+}
+
 /// How a backend runs several kernels at once (see `Backend::concurrency`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Concurrency {
@@ -224,6 +238,21 @@ pub trait Backend {
     ) -> Result<()> {
         self.copy(source, param, dtype, len)?;
         self.update_param(update, param, grad, state, dtype, len)
+    }
+    /// Update several parameters at once (multi-tensor apply): the values
+    /// of one `update_param` (or `update_param_from`, with a `source`) per
+    /// call, but run together: one parallel pass over every parameter on
+    /// the CPU, one dispatch per group of parameters on wgpu. A backend
+    /// checks every call before it changes anything. This default runs the
+    /// calls one after the other.
+    fn update_params(&self, calls: &[ParamUpdateCall<'_>]) -> Result<()> {
+        for c in calls {
+            match c.source {
+                None => self.update_param(&c.update, c.param, c.grad, c.state, c.dtype, c.len)?,
+                Some(s) => self.update_param_from(&c.update, s, c.param, c.grad, c.state, c.dtype, c.len)?,
+            }
+        }
+        Ok(())
     }
     /// End of one execution: submit whatever was recorded.
     fn flush(&self) -> Result<()> {

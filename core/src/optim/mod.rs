@@ -8,7 +8,7 @@ mod schedule;
 pub use clip::{clip_grad_norm, clip_grad_value};
 pub use schedule::{LrScheduler, Schedule};
 
-use crate::backend::{BufferId, ParamUpdate};
+use crate::backend::{BufferId, ParamUpdate, ParamUpdateCall};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::param::Param;
@@ -184,22 +184,55 @@ impl StateBuffers {
             )
         })
     }
+}
 
-    fn apply(&self, update: &ParamUpdate) -> Result<()> {
-        let p = &self.param;
-        let Some(grad) = p.grad_buffer() else { return Ok(()) };
-        // Copy-on-write: a graph that still reads the old value keeps it;
-        // the update then reads it and writes a fresh buffer.
-        let (value, old) = p.buffer_to_update()?;
-        let backend = p.device().backend();
-        if old.id == value {
-            backend.update_param(update, value, grad, &self.buffers, p.dtype(), p.numel())?;
-        } else {
-            backend.update_param_from(update, old.id, value, grad, &self.buffers, p.dtype(), p.numel())?;
+/// Update every parameter that has a gradient (multi-tensor apply): each
+/// run of consecutive parameters on one device goes to its backend as one
+/// `update_params` call, so the CPU makes one parallel pass over all of
+/// them and wgpu one dispatch per group, not one per tensor.
+fn apply_all(state: &[StateBuffers], update_for: impl Fn(&StateBuffers) -> ParamUpdate) -> Result<()> {
+    let mut start = 0;
+    while start < state.len() {
+        let device = state[start].param.device();
+        let end = start + state[start..].iter().take_while(|s| s.param.device().same(device)).count();
+        let mut calls = Vec::with_capacity(end - start);
+        // The old value buffers stay alive until the updates are recorded.
+        let mut held = Vec::with_capacity(end - start);
+        let mut failed = Ok(());
+        for s in &state[start..end] {
+            let p = &s.param;
+            let Some(grad) = p.grad_buffer() else { continue };
+            // Copy-on-write: a graph that still reads the old value keeps it;
+            // the update then reads it and writes a fresh buffer. (A failure
+            // here still lets the parameters before it be updated: their new
+            // buffers must not be left unwritten.)
+            let (value, old) = match p.buffer_to_update() {
+                Ok(v) => v,
+                Err(e) => {
+                    failed = Err(e);
+                    break;
+                }
+            };
+            let source = (old.id != value).then_some(old.id);
+            calls.push(ParamUpdateCall {
+                update: update_for(s),
+                source,
+                param: value,
+                grad,
+                state: &s.buffers,
+                dtype: p.dtype(),
+                len: p.numel(),
+            });
+            held.push((p, old));
         }
-        p.bump_version();
-        Ok(())
+        device.backend().update_params(&calls)?;
+        for (p, _old) in held {
+            p.bump_version();
+        }
+        failed?;
+        start = end;
     }
+    Ok(())
 }
 
 impl Drop for StateBuffers {
@@ -314,18 +347,16 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
-        for s in &self.state {
+        apply_all(&self.state, |s| {
             let g = self.groups[s.group];
-            let update = ParamUpdate::Sgd {
+            ParamUpdate::Sgd {
                 lr: g.lr,
                 momentum: self.momentum,
                 dampening: self.dampening,
                 weight_decay: g.weight_decay,
                 nesterov: self.nesterov,
-            };
-            s.apply(&update)?;
-        }
-        Ok(())
+            }
+        })
     }
     fn zero_grad(&self) {
         self.state.iter().for_each(|s| s.param.zero_grad());
@@ -427,9 +458,9 @@ impl Adam {
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
         self.step += 1;
-        for s in &self.state {
+        apply_all(&self.state, |s| {
             let g = self.groups[s.group];
-            let update = ParamUpdate::Adam {
+            ParamUpdate::Adam {
                 lr: g.lr,
                 beta1: self.beta1,
                 beta2: self.beta2,
@@ -437,10 +468,8 @@ impl Optimizer for Adam {
                 weight_decay: g.weight_decay,
                 decoupled_weight_decay: self.decoupled_weight_decay,
                 step: self.step,
-            };
-            s.apply(&update)?;
-        }
-        Ok(())
+            }
+        })
     }
     fn zero_grad(&self) {
         self.state.iter().for_each(|s| s.param.zero_grad());

@@ -91,6 +91,9 @@ pub(crate) struct FusedCache {
     /// repeated step allocates none. Reuse across calls is safe: dispatches
     /// run in recording order and wgpu orders those sharing a written buffer.
     spare: Vec<(DType, usize, BufferId)>,
+    /// Multi-tensor optimizer kernels (`update::update_many`) by the kind
+    /// of each tensor's update, which fixes their text.
+    updates: HashMap<Vec<u8>, Rc<Pipeline>>,
 }
 
 /// Scratch kept for reuse at most: buffers, and their bytes.
@@ -542,6 +545,24 @@ fn generate(
     }
     src.push_str("}\n");
     (src, g.reads, g.consts)
+}
+
+/// A generated pipeline cached under `key`, which must fix the text that
+/// `generate` returns (so a cached step builds no text at all).
+pub(crate) fn cached_pipeline(
+    be: &WgpuBackend,
+    op: &'static str,
+    label: &str,
+    key: Vec<u8>,
+    generate: impl FnOnce() -> String,
+) -> Result<Rc<Pipeline>> {
+    if let Some(p) = be.fused.borrow().updates.get(&key) {
+        be.count_pipeline_hit();
+        return Ok(p.clone());
+    }
+    let p = be.compile(op, label, &generate())?;
+    be.fused.borrow_mut().updates.insert(key, p.clone());
+    Ok(p)
 }
 
 /// The pipeline compiled from `source`, from the cache when it has been.

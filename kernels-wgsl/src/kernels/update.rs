@@ -3,6 +3,8 @@
 //! and rounded once to f32, as the CPU backend does.
 
 use kiln_core::backend::{checks, BufferId, ParamUpdate};
+#[cfg(not(target_arch = "wasm32"))]
+use kiln_core::backend::ParamUpdateCall;
 use kiln_core::{DType, Error, Result};
 
 use crate::geometry::word;
@@ -21,6 +23,44 @@ pub(crate) fn update(
     dtype: DType,
     len: usize,
 ) -> Result<()> {
+    check(upd, state, dtype)?;
+    let (entry, params) = prepare(upd, word(OP, len)?)?;
+    let buf = |id: BufferId, write: bool| Arg::Buffer { id, dtype, len, write };
+    let groups = be.grid_for(OP, len)?;
+    let args = [(1, buf(param, true)), (2, buf(grad, false))];
+    let states = state.iter().take(entry.states()).enumerate().map(|(k, &id)| (3 + k as u32, buf(id, true)));
+    let args: Vec<(u32, Arg)> = args.into_iter().chain(states).collect();
+    be.launch(OP, Kernel::Update, entry.name(), &args, words(&params), groups)
+}
+
+/// Which of update.wgsl's steps an update runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    Sgd,
+    SgdMomentum,
+    Adam,
+}
+
+impl Entry {
+    fn name(self) -> &'static str {
+        match self {
+            Entry::Sgd => "sgd",
+            Entry::SgdMomentum => "sgd_momentum",
+            Entry::Adam => "adam",
+        }
+    }
+    /// State buffers it reads and writes.
+    fn states(self) -> usize {
+        match self {
+            Entry::Sgd => 0,
+            Entry::SgdMomentum => 1,
+            Entry::Adam => 2,
+        }
+    }
+}
+
+/// The update's dtype and state buffers are what its kernel needs.
+fn check(upd: &ParamUpdate, state: &[BufferId], dtype: DType) -> Result<()> {
     if dtype != DType::F32 {
         return Err(if dtype == DType::F64 {
             crate::buffers::f64_refused(OP)
@@ -29,11 +69,14 @@ pub(crate) fn update(
         });
     }
     checks::update_state_count(upd, state.len())?;
+    Ok(())
+}
+
+/// The step to run and its parameters for `n` elements; the hyper-parameters
+/// derived in f64 and rounded once to f32, as the CPU backend does.
+fn prepare(upd: &ParamUpdate, n: u32) -> Result<(Entry, Update)> {
     let f = |v: f64| v as f32;
-    let buf = |id: BufferId, write: bool| Arg::Buffer { id, dtype, len, write };
-    let n = word(OP, len)?;
-    let groups = be.grid_for(OP, len)?;
-    match *upd {
+    Ok(match *upd {
         ParamUpdate::Sgd { lr, momentum, dampening, weight_decay, nesterov } => {
             let flags = u32::from(weight_decay != 0.0) | (u32::from(nesterov) << 1);
             let params = Update {
@@ -45,14 +88,7 @@ pub(crate) fn update(
                 one_minus_dampening: f(1.0 - dampening),
                 ..Update::default()
             };
-            let params = words(&params);
-            if momentum == 0.0 {
-                let args = [(1, buf(param, true)), (2, buf(grad, false))];
-                be.launch(OP, Kernel::Update, "sgd", &args, params, groups)
-            } else {
-                let args = [(1, buf(param, true)), (2, buf(grad, false)), (3, buf(state[0], true))];
-                be.launch(OP, Kernel::Update, "sgd_momentum", &args, params, groups)
-            }
+            (if momentum == 0.0 { Entry::Sgd } else { Entry::SgdMomentum }, params)
         }
         ParamUpdate::Adam { lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, step } => {
             if step == 0 {
@@ -74,9 +110,166 @@ pub(crate) fn update(
                 decay_factor: f(1.0 - lr * weight_decay),
                 ..Update::default()
             };
-            let args =
-                [(1, buf(param, true)), (2, buf(grad, false)), (3, buf(state[0], true)), (4, buf(state[1], true))];
-            be.launch(OP, Kernel::Update, "adam", &args, words(&params), groups)
+            (Entry::Adam, params)
+        }
+    })
+}
+
+/// Most parameters one multi-tensor kernel updates (a cap on its bindings
+/// and its text on adapters that allow many storage buffers).
+#[cfg(not(target_arch = "wasm32"))]
+const MAX_TENSORS: usize = 16;
+
+/// Multi-tensor apply: consecutive updates share one generated kernel and
+/// one dispatch, as many as the adapter's storage-buffer bindings allow
+/// (binding 0 holds every tensor's parameters, then each tensor binds its
+/// parameter, gradient, copy-on-write source if any, and state). A thread
+/// finds its tensor by subtracting element counts, so each element gets the
+/// arithmetic of update.wgsl's step for it, in the same order: the same
+/// bits as one dispatch per tensor where the adapter rounds every op. Every
+/// call is checked before anything is recorded; where only one tensor fits,
+/// update.wgsl runs as before.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn update_many(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>]) -> Result<()> {
+    let mut prepared = Vec::with_capacity(calls.len());
+    for c in calls {
+        check(&c.update, c.state, c.dtype)?;
+        prepared.push(prepare(&c.update, word(OP, c.len)?)?);
+    }
+    // A buffer one update writes must not be bound by another (a dispatch
+    // may not bind it twice, and the updates would race).
+    let written: Vec<BufferId> = calls
+        .iter()
+        .zip(&prepared)
+        .flat_map(|(c, (e, _))| std::iter::once(c.param).chain(c.state[..e.states()].iter().copied()))
+        .collect();
+    for c in calls {
+        let reads = std::iter::once(c.grad).chain(c.source);
+        if let Some(id) = reads.into_iter().find(|id| written.contains(id)) {
+            return Err(Error::backend(OP, format!("buffer {} is both written and read by the updates", id.0)));
         }
     }
+    let mut sorted = written.clone();
+    sorted.sort_unstable_by_key(|b| b.0);
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(Error::backend(OP, format!("buffer {} is written by two updates", w[0].0)));
+    }
+    let limits = &be.ctx().limits;
+    let max_bindings = limits.max_storage_buffers_per_shader_stage.min(limits.max_bindings_per_bind_group) as usize;
+    let bindings = |k: usize| 2 + usize::from(calls[k].source.is_some()) + prepared[k].0.states();
+    let mut start = 0;
+    while start < calls.len() {
+        let (mut end, mut used) = (start, 1);
+        while end < calls.len() && end - start < MAX_TENSORS && used + bindings(end) <= max_bindings {
+            used += bindings(end);
+            end += 1;
+        }
+        if end - start <= 1 {
+            let c = &calls[start];
+            if let Some(source) = c.source {
+                be.record_copy(OP, source, c.param, c.len)?;
+            }
+            update(be, &c.update, c.param, c.grad, c.state, c.dtype, c.len)?;
+            start += 1;
+            continue;
+        }
+        launch_group(be, &calls[start..end], &prepared[start..end])?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// One dispatch updating every tensor of `calls`.
+#[cfg(not(target_arch = "wasm32"))]
+fn launch_group(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>], prepared: &[(Entry, Update)]) -> Result<()> {
+    let key: Vec<u8> =
+        calls.iter().zip(prepared).map(|(c, (e, _))| e.states() as u8 | (u8::from(c.source.is_some()) << 2)).collect();
+    let pipeline = super::fused::cached_pipeline(be, OP, "MultiUpdate", key, || generate(calls, prepared))?;
+    let mut args = Vec::new();
+    let mut params: Vec<u32> = Vec::with_capacity(calls.len() * 14);
+    let mut total = 0usize;
+    for (c, (entry, p)) in calls.iter().zip(prepared) {
+        let buf = |id: BufferId, write: bool| Arg::Buffer { id, dtype: c.dtype, len: c.len, write };
+        let mut bind = |arg: Arg| args.push((args.len() as u32 + 1, arg));
+        bind(buf(c.param, true));
+        bind(buf(c.grad, false));
+        if let Some(s) = c.source {
+            bind(buf(s, false));
+        }
+        for &s in &c.state[..entry.states()] {
+            bind(buf(s, true));
+        }
+        params.extend_from_slice(words(p));
+        total += c.len;
+    }
+    word(OP, total)?;
+    let groups = be.grid_for(OP, total)?;
+    be.launch_pipeline(OP, Kernel::Update, pipeline, &args, &params, groups)
+}
+
+/// The WGSL of one multi-tensor update: update.wgsl's steps, one branch per
+/// tensor, reading the hyper-parameters of `params[t]`.
+#[cfg(not(target_arch = "wasm32"))]
+fn generate(calls: &[ParamUpdateCall<'_>], prepared: &[(Entry, Update)]) -> String {
+    use std::fmt::Write;
+    let mut src = String::from(crate::shaders::COMMON);
+    src.push_str(
+        "\nstruct Update {\n n: u32,\n flags: u32,\n lr: f32,\n weight_decay: f32,\n momentum: f32,\n \
+         one_minus_dampening: f32,\n beta1: f32,\n beta2: f32,\n one_minus_beta1: f32,\n one_minus_beta2: f32,\n \
+         bias1: f32,\n bias2: f32,\n eps: f32,\n decay_factor: f32,\n}\n",
+    );
+    let _ = writeln!(src, "@group(0) @binding(0) var<storage, read> params: array<Update, {}>;", calls.len());
+    let mut binding = 1;
+    let mut decl = |src: &mut String, name: String, write: bool| {
+        let access = if write { "read_write" } else { "read" };
+        let _ = writeln!(src, "@group(0) @binding({binding}) var<storage, {access}> {name}: array<f32>;");
+        binding += 1;
+    };
+    for (t, (c, (entry, _))) in calls.iter().zip(prepared).enumerate() {
+        decl(&mut src, format!("p{t}"), true);
+        decl(&mut src, format!("g{t}"), false);
+        if c.source.is_some() {
+            decl(&mut src, format!("s{t}"), false);
+        }
+        if entry.states() > 0 {
+            decl(&mut src, format!("m{t}"), true);
+        }
+        if entry.states() > 1 {
+            decl(&mut src, format!("v{t}"), true);
+        }
+    }
+    src.push_str(
+        "@compute @workgroup_size(WG)\nfn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {\n \
+         var i = flat_id(wg, lid);\n",
+    );
+    for (t, (c, (entry, _))) in calls.iter().zip(prepared).enumerate() {
+        // The current value: the copy-on-write source, or the parameter.
+        let cur = if c.source.is_some() { format!("s{t}") } else { format!("p{t}") };
+        let _ = writeln!(src, " if (i < params[{t}].n) {{\n  let u = params[{t}];\n  var g = g{t}[i];");
+        match entry {
+            Entry::Sgd | Entry::SgdMomentum => {
+                let _ = writeln!(src, "  if ((u.flags & 1u) != 0u) {{\n   g = g + u.weight_decay * {cur}[i];\n  }}");
+                if *entry == Entry::SgdMomentum {
+                    let _ = writeln!(
+                        src,
+                        "  let mom = u.momentum;\n  let v = mom * m{t}[i] + u.one_minus_dampening * g;\n  \
+                         m{t}[i] = v;\n  if ((u.flags & 2u) != 0u) {{\n   g = g + mom * v;\n  }} else {{\n   g = v;\n  }}"
+                    );
+                }
+                let _ = writeln!(src, "  p{t}[i] = {cur}[i] - u.lr * g;");
+            }
+            Entry::Adam => {
+                let _ = writeln!(
+                    src,
+                    "  var w = {cur}[i];\n  if ((u.flags & 1u) != 0u) {{\n   w = w * u.decay_factor;\n  }} else {{\n   \
+                     g = g + u.weight_decay * w;\n  }}\n  let m = u.beta1 * m{t}[i] + u.one_minus_beta1 * g;\n  \
+                     let v = u.beta2 * v{t}[i] + u.one_minus_beta2 * g * g;\n  m{t}[i] = m;\n  v{t}[i] = v;\n  \
+                     let mhat = m / u.bias1;\n  let vhat = v / u.bias2;\n  p{t}[i] = w - u.lr * mhat / (sqrt(vhat) + u.eps);"
+                );
+            }
+        }
+        let _ = writeln!(src, "  return;\n }}\n i = i - params[{t}].n;");
+    }
+    src.push_str("}\n");
+    src
 }

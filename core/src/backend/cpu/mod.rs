@@ -44,7 +44,7 @@ use smallvec::SmallVec;
 use crate::backend::Concurrency;
 #[cfg(feature = "fusion")]
 use crate::backend::FusedCall;
-use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ReadFuture, TensorRef};
+use crate::backend::{checks, Backend, BufferId, KernelCall, ParamUpdate, ParamUpdateCall, ReadFuture, TensorRef};
 use crate::dtype::{DType, HostData};
 use crate::error::{Error, Result};
 use crate::memory::try_vec;
@@ -599,7 +599,7 @@ impl Backend for CpuBackend {
         dtype: DType,
         len: usize,
     ) -> Result<()> {
-        self.update_param_maybe_from(upd, None, param, grad, state, dtype, len)
+        self.update_params(&[ParamUpdateCall { update: *upd, source: None, param, grad, state, dtype, len }])
     }
 
     fn update_param_from(
@@ -612,7 +612,66 @@ impl Backend for CpuBackend {
         dtype: DType,
         len: usize,
     ) -> Result<()> {
-        self.update_param_maybe_from(upd, Some(source), param, grad, state, dtype, len)
+        self.update_params(&[ParamUpdateCall { update: *upd, source: Some(source), param, grad, state, dtype, len }])
+    }
+
+    /// Every buffer an update writes (parameters, state) is taken out of
+    /// the slab first, so a buffer named twice is found missing, never
+    /// aliased; gradients and sources are borrowed; then all updates run
+    /// as one pass (`update::update_many`).
+    fn update_params(&self, calls: &[ParamUpdateCall<'_>]) -> Result<()> {
+        const OP: &str = "update_param";
+        let mut slab = self.slab.borrow_mut();
+        let mut taken: Vec<(BufferId, CpuStorage)> = Vec::with_capacity(calls.len() * 3);
+        let mut counts: SmallVec<[usize; 16]> = SmallVec::new();
+        let mut result = Ok(());
+        'calls: for c in calls {
+            let needed = match checks::update_state_count(&c.update, c.state.len()) {
+                Ok(n) => n,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
+            for &id in std::iter::once(&c.param).chain(&c.state[..needed]) {
+                match slab.get_mut(id.0 as usize).and_then(Option::take) {
+                    Some(s) => taken.push((id, s)),
+                    None => {
+                        result = Err(Self::missing(OP, id));
+                        break 'calls;
+                    }
+                }
+            }
+            counts.push(1 + needed);
+        }
+        if result.is_ok() {
+            let slab = &*slab;
+            let get =
+                |id: BufferId| slab.get(id.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing(OP, id));
+            result = (|| {
+                let mut jobs = Vec::with_capacity(calls.len());
+                let mut rest: &mut [(BufferId, CpuStorage)] = &mut taken;
+                for (c, &count) in calls.iter().zip(&counts) {
+                    let (mine, tail) = std::mem::take(&mut rest).split_at_mut(count);
+                    rest = tail;
+                    let (first, states) = mine.split_first_mut().expect("the parameter is always taken");
+                    jobs.push(update::Job {
+                        upd: c.update,
+                        param: &mut first.1,
+                        source: c.source.map(get).transpose()?,
+                        grad: get(c.grad)?,
+                        state: states.iter_mut().map(|(_, s)| s).collect(),
+                        dtype: c.dtype,
+                        len: c.len,
+                    });
+                }
+                update::update_many(jobs)
+            })();
+        }
+        for (id, s) in taken {
+            slab[id.0 as usize] = Some(s);
+        }
+        result
     }
 
     fn read(&self, buffer: BufferId, dtype: DType, len: usize) -> ReadFuture {
@@ -635,57 +694,6 @@ impl Backend for CpuBackend {
 
     fn supports(&self, op: &Op, dtype: DType) -> bool {
         checks::has_kernel(op, dtype, &[DType::F32, DType::F64, DType::I32, DType::Bool])
-    }
-}
-
-impl CpuBackend {
-    /// `update_param`, reading the current value from `source` when given
-    /// (a buffer other than `param`, left unchanged) instead of `param`.
-    #[allow(clippy::too_many_arguments)]
-    fn update_param_maybe_from(
-        &self,
-        upd: &ParamUpdate,
-        source: Option<BufferId>,
-        param: BufferId,
-        grad: BufferId,
-        state: &[BufferId],
-        dtype: DType,
-        len: usize,
-    ) -> Result<()> {
-        const OP: &str = "update_param";
-        let needed = checks::update_state_count(upd, state.len())?;
-        let mut slab = self.slab.borrow_mut();
-        // Take every buffer written in place out of the slab (a buffer named
-        // twice is then found missing, never aliased), borrow the gradient.
-        let mut taken: SmallVec<[(BufferId, CpuStorage); 3]> = SmallVec::new();
-        let mut result = Ok(());
-        for &id in std::iter::once(&param).chain(&state[..needed]) {
-            match slab.get_mut(id.0 as usize).and_then(Option::take) {
-                Some(s) => taken.push((id, s)),
-                None => {
-                    result = Err(Self::missing(OP, id));
-                    break;
-                }
-            }
-        }
-        if result.is_ok() {
-            result = (|| {
-                let g = slab.get(grad.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing(OP, grad))?;
-                let source = match source {
-                    Some(id) => {
-                        Some(slab.get(id.0 as usize).and_then(Option::as_ref).ok_or_else(|| Self::missing(OP, id))?)
-                    }
-                    None => None,
-                };
-                let (first, rest) = taken.split_first_mut().expect("param is always taken");
-                let mut states: SmallVec<[&mut CpuStorage; 2]> = rest.iter_mut().map(|(_, s)| s).collect();
-                update::update(upd, &mut first.1, source, g, &mut states, dtype, len)
-            })();
-        }
-        for (id, s) in taken {
-            slab[id.0 as usize] = Some(s);
-        }
-        result
     }
 }
 

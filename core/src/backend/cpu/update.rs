@@ -13,15 +13,59 @@ use crate::error::{Error, Result};
 
 const OP: &str = "update_param";
 
-pub(super) fn update(
-    upd: &ParamUpdate,
-    param: &mut CpuStorage,
-    source: Option<&CpuStorage>,
-    grad: &CpuStorage,
-    state: &mut [&mut CpuStorage],
-    dtype: DType,
-    len: usize,
-) -> Result<()> {
+/// One parameter's update, its buffers borrowed from the backend's slab.
+pub(super) struct Job<'a> {
+    pub upd: ParamUpdate,
+    pub param: &'a mut CpuStorage,
+    /// The current value when it is not in `param` (copy-on-write).
+    pub source: Option<&'a CpuStorage>,
+    pub grad: &'a CpuStorage,
+    pub state: SmallVec<[&'a mut CpuStorage; 2]>,
+    pub dtype: DType,
+    pub len: usize,
+}
+
+/// A chunk of one parameter's update, ready to run on any thread.
+type Task<'a> = Box<dyn FnOnce() + Send + 'a>;
+
+/// Run several updates as one pass (multi-tensor apply): every job is
+/// checked and cut into chunks first, nothing is written unless all are
+/// valid, then the chunks of all parameters run together, on rayon's
+/// threads when there is enough work (one fork and join for the whole
+/// optimizer step, not one per large tensor). Each element gets the same
+/// arithmetic as a job run alone.
+pub(super) fn update_many(jobs: Vec<Job<'_>>) -> Result<()> {
+    let mut tasks: Vec<Task<'_>> = Vec::with_capacity(jobs.len());
+    let mut work = 0usize;
+    for job in jobs {
+        work = work.saturating_add(job.len.saturating_mul(4));
+        plan(job, &mut tasks)?;
+    }
+    run(tasks, work);
+    Ok(())
+}
+
+#[cfg(feature = "rayon")]
+fn run(tasks: Vec<Task<'_>>, work: usize) {
+    if tasks.len() > 1 && work >= super::layout::PAR_THRESHOLD {
+        rayon::scope(|scope| {
+            for task in tasks {
+                scope.spawn(move |_| task());
+            }
+        });
+    } else {
+        tasks.into_iter().for_each(|task| task());
+    }
+}
+
+#[cfg(not(feature = "rayon"))]
+fn run(tasks: Vec<Task<'_>>, _work: usize) {
+    tasks.into_iter().for_each(|task| task());
+}
+
+/// Check one job and add its chunks to `tasks`.
+fn plan<'a>(job: Job<'a>, tasks: &mut Vec<Task<'a>>) -> Result<()> {
+    let Job { upd, param, source, grad, mut state, dtype, len } = job;
     with_float!(dtype, OP, T => {
         let short = || Error::backend(OP, format!("a buffer is not {len} x {dtype}"));
         let p = T::of_mut(param).and_then(|s| s.get_mut(..len)).ok_or_else(short)?;
@@ -33,16 +77,16 @@ pub(super) fn update(
             None => None,
         };
         let mut st: SmallVec<[&mut [T]; 2]> = SmallVec::new();
-        for s in state.iter_mut() {
+        for s in state.drain(..) {
             st.push(T::of_mut(s).and_then(|s| s.get_mut(..len)).ok_or_else(short)?);
         }
-        match *upd {
+        match upd {
             ParamUpdate::Sgd { lr, momentum, dampening, weight_decay, nesterov } => {
                 let c = |v: f64| T::from_f64(v);
                 let k = SgdConsts { lr: c(lr), mom: c(momentum), damp: c(1.0 - dampening), wd: c(weight_decay) };
                 let (use_wd, use_mom) = (weight_decay != 0.0, momentum != 0.0);
-                let states = usize::from(use_mom);
-                chunked(p, src, g, &mut st[..states], move |p, src, g, s| {
+                st.truncate(usize::from(use_mom));
+                chunked(p, src, g, st, tasks, move |p, src, g, s| {
                     let v = s.first_mut().map(|v| &mut **v);
                     super::simd::wide(
                         #[inline(always)]
@@ -54,6 +98,10 @@ pub(super) fn update(
                 if step == 0 {
                     return Err(Error::invalid(OP, "Adam's step counts from 1"));
                 }
+                if st.len() < 2 {
+                    return Err(Error::backend(OP, "Adam needs two state buffers"));
+                }
+                st.truncate(2);
                 let steps = i32::try_from(step).unwrap_or(i32::MAX);
                 let c = |v: f64| T::from_f64(v);
                 let (bc1, bc2) = (c(1.0 - beta1.powi(steps)), c(1.0 - beta2.powi(steps)));
@@ -61,7 +109,7 @@ pub(super) fn update(
                 let (lr_t, eps, wd) = (c(lr), c(eps), c(weight_decay));
                 let decay = c(1.0 - lr * weight_decay);
                 let k = AdamConsts { b1, b2, nb1, nb2, bc1, bc2, lr: lr_t, eps, wd, decay };
-                chunked(p, src, g, &mut st[..2], move |p, src, g, s| {
+                chunked(p, src, g, st, tasks, move |p, src, g, s| {
                     let (ms, vs) = s.split_at_mut(1);
                     let (m, v) = (&mut ms[0][..], &mut vs[0][..]);
                     super::simd::wide(
@@ -296,45 +344,44 @@ mod simd {
     }
 }
 
-/// Run `f` on aligned chunks of the parameter, its source (when given),
-/// gradient and state slices, on rayon's threads when the parameter is
-/// large.
-fn chunked<T: Copy + Send + Sync>(
-    p: &mut [T],
-    src: Option<&[T]>,
-    g: &[T],
-    st: &mut [&mut [T]],
-    f: impl Fn(&mut [T], Option<&[T]>, &[T], &mut [&mut [T]]) + Sync + Send,
+/// Add `f` on aligned chunks of the parameter, its source (when given),
+/// gradient and state slices to `tasks`: several chunks when the parameter
+/// is large enough to share among rayon's threads, else one.
+fn chunked<'a, T: Copy + Send + Sync + 'a>(
+    p: &'a mut [T],
+    src: Option<&'a [T]>,
+    g: &'a [T],
+    st: SmallVec<[&'a mut [T]; 2]>,
+    tasks: &mut Vec<Task<'a>>,
+    f: impl Fn(&mut [T], Option<&[T]>, &[T], &mut [&mut [T]]) + Send + Copy + 'a,
 ) {
     #[cfg(feature = "rayon")]
-    if p.len() * 4 >= super::layout::PAR_THRESHOLD {
-        let chunk = super::layout::chunk_len(p.len() * 4) / 4;
-        let f = &f;
-        let (mut p, mut g, mut src) = (p, g, src);
-        let mut st: SmallVec<[&mut [T]; 2]> = st.iter_mut().map(|s| &mut **s).collect();
-        rayon::scope(|scope| {
-            while !p.is_empty() {
-                let n = chunk.min(p.len());
-                let (hp, tp) = std::mem::take(&mut p).split_at_mut(n);
-                let (hg, tg) = g.split_at(n);
-                let hsrc = src.map(|s| {
-                    let (h, t) = s.split_at(n);
-                    src = Some(t);
-                    h
-                });
-                let mut hs: SmallVec<[&mut [T]; 2]> = SmallVec::new();
-                for s in st.iter_mut() {
-                    let (h, t) = std::mem::take(s).split_at_mut(n);
-                    hs.push(h);
-                    *s = t;
-                }
-                (p, g) = (tp, tg);
-                scope.spawn(move |_| f(hp, hsrc, hg, &mut hs));
-            }
+    let chunk =
+        if p.len() * 4 >= super::layout::PAR_THRESHOLD { super::layout::chunk_len(p.len() * 4) / 4 } else { p.len() };
+    #[cfg(not(feature = "rayon"))]
+    let chunk = p.len();
+    let (mut p, mut g, mut src, mut st) = (p, g, src, st);
+    loop {
+        let n = chunk.min(p.len());
+        let (hp, tp) = std::mem::take(&mut p).split_at_mut(n);
+        let (hg, tg) = g.split_at(n);
+        let hsrc = src.map(|s| {
+            let (h, t) = s.split_at(n);
+            src = Some(t);
+            h
         });
-        return;
+        let mut hs: SmallVec<[&mut [T]; 2]> = SmallVec::new();
+        for s in st.iter_mut() {
+            let (h, t) = std::mem::take(s).split_at_mut(n);
+            hs.push(h);
+            *s = t;
+        }
+        (p, g) = (tp, tg);
+        tasks.push(Box::new(move || f(hp, hsrc, hg, &mut hs)));
+        if p.is_empty() {
+            break;
+        }
     }
-    f(p, src, g, st)
 }
 
 #[cfg(test)]
