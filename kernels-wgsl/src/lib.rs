@@ -119,6 +119,10 @@ pub struct WgpuBackend {
     fused: RefCell<kernels::fused::FusedCache>,
     #[cfg(not(target_arch = "wasm32"))]
     max_fused_ops: usize,
+    /// Optimizer updates grouped into one dispatch per several tensors
+    /// (`WgpuOptions::grouped_optimizer_update`).
+    #[cfg(not(target_arch = "wasm32"))]
+    grouped_update: bool,
 }
 
 impl WgpuBackend {
@@ -153,6 +157,8 @@ impl WgpuBackend {
             fused: RefCell::default(),
             #[cfg(not(target_arch = "wasm32"))]
             max_fused_ops: options.max_fused_ops.unwrap_or(kernels::fused::MAX_OPS),
+            #[cfg(not(target_arch = "wasm32"))]
+            grouped_update: options.grouped_optimizer_update.unwrap_or(hardware),
         })
     }
 
@@ -513,7 +519,7 @@ impl Backend for WgpuBackend {
 
     #[cfg(not(target_arch = "wasm32"))]
     fn update_params(&self, calls: &[kiln_core::backend::ParamUpdateCall<'_>]) -> Result<()> {
-        kernels::update::update_many(self, calls)
+        kernels::update::update_many(self, calls, self.grouped_update)
     }
 
     fn flush(&self) -> Result<()> {

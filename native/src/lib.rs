@@ -41,9 +41,8 @@ pub use kiln_core::op::Family;
 pub use kiln_core::{coverage, data, host_rng, nn, optim, shape};
 pub use kiln_core::{
     AxisSet, Backend, BackwardOptions, BinaryOp, BufferId, CompareOp, CpuNumerics, DType, Device, Dims, Element, Error,
-    ErrorKind, ExecStats, Graph, HostData, IntoOperand, NoGradGuard, Op, OpInfo, Param, ParamUpdate, ParamUpdateCall, PoolStats,
-    ReduceOp, Result,
-    SliceSpec, Tensor, TensorId, UnaryOp, Window2d,
+    ErrorKind, ExecStats, Graph, HostData, IntoOperand, NoGradGuard, Op, OpInfo, Param, ParamUpdate, ParamUpdateCall,
+    PoolStats, ReduceOp, Result, SliceSpec, Tensor, TensorId, UnaryOp, Window2d,
 };
 
 // Lets `#[derive(Module)]`'s generated `::kiln::...` paths resolve inside

@@ -156,7 +156,7 @@ fn cpu_updates_together_give_the_bits_of_one_update_each() {
 #[test]
 fn a_bad_call_list_is_refused_before_anything_is_written() {
     let mut devices = vec![Device::cpu()];
-    devices.extend(common::vulkan_device("multi-tensor update errors"));
+    devices.extend(grouped_vulkan("multi-tensor update errors"));
     for device in devices {
         let be = device.backend();
         let cases = cases();
@@ -185,9 +185,14 @@ fn a_bad_call_list_is_refused_before_anything_is_written() {
 
 /// On wgpu the grouped kernel gives the per-tensor kernels' bits where the
 /// adapter rounds every op, and the CPU's values within f32 rounding.
+/// A wgpu device whose optimizer updates are grouped, whatever its adapter.
+fn grouped_vulkan(suite: &str) -> Option<Device> {
+    common::vulkan_device_with(WgpuOptions { grouped_optimizer_update: Some(true), ..Default::default() }, suite)
+}
+
 #[test]
 fn wgpu_updates_together_match_one_by_one_and_the_cpu() {
-    let Some(device) = common::vulkan_device("multi-tensor update") else { return };
+    let Some(device) = grouped_vulkan("multi-tensor update") else { return };
     let cpu = together_equals_one_by_one_or_close(&device);
     let reference = together_equals_one_by_one(&Device::cpu());
     assert_eq!(cpu.len(), reference.len());
@@ -213,15 +218,15 @@ fn together_equals_one_by_one_or_close(device: &Device) -> Vec<Vec<u32>> {
     read_all(be, &cases, &b)
 }
 
-/// An MLP trained with Adam on wgpu: the grouped update takes fewer
-/// dispatches per step than one per tensor (forced by allowing one tensor
-/// per kernel's bindings) and ends with the same parameters.
+/// An MLP trained with Adam on wgpu: the grouped update takes one dispatch
+/// for its six tensors where one per tensor takes six, and ends with the
+/// same parameters; by default only hardware adapters group.
 #[test]
 fn wgpu_training_steps_group_the_optimizer_update() {
-    let Some(grouped) = common::vulkan_device("multi-tensor training") else { return };
-    // 5 storage buffers: the parameters' binding plus one Adam tensor's 4.
-    let options = WgpuOptions { max_storage_buffers_per_shader_stage: Some(5), ..Default::default() };
+    let Some(grouped) = grouped_vulkan("multi-tensor training") else { return };
+    let options = WgpuOptions { grouped_optimizer_update: Some(false), ..Default::default() };
     let Some(single) = common::vulkan_device_with(options, "multi-tensor training") else { return };
+    let Some(default) = common::vulkan_device("multi-tensor training") else { return };
     let run = |device: &Device| -> (usize, Vec<Vec<f64>>) {
         let model = Sequential::mlp(device, &[12, 16, 8, 3], Activation::Relu, 7).unwrap();
         let mut opt = Adam::new(model.parameters(), 1e-2).unwrap();
@@ -248,9 +253,13 @@ fn wgpu_training_steps_group_the_optimizer_update() {
     };
     let (grouped_dispatches, grouped_params) = run(&grouped);
     let (single_dispatches, single_params) = run(&single);
-    // Six tensors (three weights, three biases): one dispatch each, or fewer.
-    assert_eq!(single_dispatches, 6, "one dispatch per tensor when only one fits");
+    let (default_dispatches, _) = run(&default);
+    // Three weights and three biases; grouped, as many per kernel as its
+    // storage-buffer bindings allow (4 each, plus the parameters').
+    assert_eq!(single_dispatches, 6, "one dispatch per tensor");
     assert!(grouped_dispatches < single_dispatches, "grouped: {grouped_dispatches} dispatches");
+    let software = common::rounds_every_op(&default);
+    assert_eq!(default_dispatches, if software { single_dispatches } else { grouped_dispatches }, "the default");
     if common::rounds_every_op(&grouped) {
         assert_eq!(grouped_params, single_params);
     } else {

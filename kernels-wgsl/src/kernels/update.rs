@@ -2,9 +2,9 @@
 //! Adam/AdamW steps in place, hyper-parameters derived in f64 on the host
 //! and rounded once to f32, as the CPU backend does.
 
-use kiln_core::backend::{checks, BufferId, ParamUpdate};
 #[cfg(not(target_arch = "wasm32"))]
 use kiln_core::backend::ParamUpdateCall;
+use kiln_core::backend::{checks, BufferId, ParamUpdate};
 use kiln_core::{DType, Error, Result};
 
 use crate::geometry::word;
@@ -128,9 +128,10 @@ const MAX_TENSORS: usize = 16;
 /// arithmetic of update.wgsl's step for it, in the same order: the same
 /// bits as one dispatch per tensor where the adapter rounds every op. Every
 /// call is checked before anything is recorded; where only one tensor fits,
-/// update.wgsl runs as before.
+/// or `grouped` is off (`WgpuOptions::grouped_optimizer_update`),
+/// update.wgsl runs once per tensor.
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) fn update_many(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>]) -> Result<()> {
+pub(crate) fn update_many(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>], grouped: bool) -> Result<()> {
     let mut prepared = Vec::with_capacity(calls.len());
     for c in calls {
         check(&c.update, c.state, c.dtype)?;
@@ -156,6 +157,8 @@ pub(crate) fn update_many(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>]) -> Re
     }
     let limits = &be.ctx().limits;
     let max_bindings = limits.max_storage_buffers_per_shader_stage.min(limits.max_bindings_per_bind_group) as usize;
+    // Ungrouped: one tensor per kernel, as if only one fit.
+    let max_bindings = if grouped { max_bindings } else { 0 };
     let bindings = |k: usize| 2 + usize::from(calls[k].source.is_some()) + prepared[k].0.states();
     let mut start = 0;
     while start < calls.len() {
@@ -186,8 +189,8 @@ fn launch_group(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>], prepared: &[(En
         calls.iter().zip(prepared).map(|(c, (e, _))| e.states() as u8 | (u8::from(c.source.is_some()) << 2)).collect();
     let pipeline = super::fused::cached_pipeline(be, OP, "MultiUpdate", key, || generate(calls, prepared))?;
     let mut args = Vec::new();
-    let mut params: Vec<u32> = Vec::with_capacity(calls.len() * 14);
-    let mut total = 0usize;
+    let mut params: Vec<u32> = Vec::with_capacity(calls.len() * 15);
+    let mut first_group = 0usize;
     for (c, (entry, p)) in calls.iter().zip(prepared) {
         let buf = |id: BufferId, write: bool| Arg::Buffer { id, dtype: c.dtype, len: c.len, write };
         let mut bind = |arg: Arg| args.push((args.len() as u32 + 1, arg));
@@ -199,26 +202,33 @@ fn launch_group(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>], prepared: &[(En
         for &s in &c.state[..entry.states()] {
             bind(buf(s, true));
         }
+        // Each tensor owns a range of whole workgroups, starting here.
         params.extend_from_slice(words(p));
-        total += c.len;
+        params.push(word(OP, first_group)?);
+        first_group += c.len.div_ceil(crate::shaders::WG as usize);
     }
-    word(OP, total)?;
-    let groups = be.grid_for(OP, total)?;
+    let groups = be.grid_for(OP, first_group.saturating_mul(crate::shaders::WG as usize))?;
     be.launch_pipeline(OP, Kernel::Update, pipeline, &args, &params, groups)
 }
 
 /// The WGSL of one multi-tensor update: update.wgsl's steps, one branch per
-/// tensor, reading the hyper-parameters of `params[t]`.
+/// tensor, reading the hyper-parameters of `params[t]` in place (a copy of
+/// the whole struct per thread is a cost lavapipe does not optimise away,
+/// see docs/performance.md). A tensor owns a range of whole workgroups, so
+/// the branch a workgroup takes is the same for all its threads: measured
+/// on lavapipe, a branch per element (threads finding their tensor by
+/// subtracting counts) made W1's update 4x slower than one kernel per
+/// tensor.
 #[cfg(not(target_arch = "wasm32"))]
 fn generate(calls: &[ParamUpdateCall<'_>], prepared: &[(Entry, Update)]) -> String {
     use std::fmt::Write;
     let mut src = String::from(crate::shaders::COMMON);
     src.push_str(
-        "\nstruct Update {\n n: u32,\n flags: u32,\n lr: f32,\n weight_decay: f32,\n momentum: f32,\n \
+        "\nstruct Step {\n n: u32,\n flags: u32,\n lr: f32,\n weight_decay: f32,\n momentum: f32,\n \
          one_minus_dampening: f32,\n beta1: f32,\n beta2: f32,\n one_minus_beta1: f32,\n one_minus_beta2: f32,\n \
-         bias1: f32,\n bias2: f32,\n eps: f32,\n decay_factor: f32,\n}\n",
+         bias1: f32,\n bias2: f32,\n eps: f32,\n decay_factor: f32,\n first_group: u32,\n}\n",
     );
-    let _ = writeln!(src, "@group(0) @binding(0) var<storage, read> params: array<Update, {}>;", calls.len());
+    let _ = writeln!(src, "@group(0) @binding(0) var<storage, read> params: array<Step, {}>;", calls.len());
     let mut binding = 1;
     let mut decl = |src: &mut String, name: String, write: bool| {
         let access = if write { "read_write" } else { "read" };
@@ -240,35 +250,44 @@ fn generate(calls: &[ParamUpdateCall<'_>], prepared: &[(Entry, Update)]) -> Stri
     }
     src.push_str(
         "@compute @workgroup_size(WG)\nfn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {\n \
-         var i = flat_id(wg, lid);\n",
+         let group = flat_group(wg);\n",
     );
-    for (t, (c, (entry, _))) in calls.iter().zip(prepared).enumerate() {
+    // From the last tensor down: the first whose range starts at or before
+    // this workgroup holds it.
+    for (t, (c, (entry, _))) in calls.iter().zip(prepared).enumerate().rev() {
         // The current value: the copy-on-write source, or the parameter.
         let cur = if c.source.is_some() { format!("s{t}") } else { format!("p{t}") };
-        let _ = writeln!(src, " if (i < params[{t}].n) {{\n  let u = params[{t}];\n  var g = g{t}[i];");
+        let _ = writeln!(
+            src,
+            " if (group >= params[{t}].first_group) {{\n  let i = (group - params[{t}].first_group) * WG + lid;\n  \
+             if (i >= params[{t}].n) {{\n   return;\n  }}\n  var g = g{t}[i];"
+        );
         match entry {
             Entry::Sgd | Entry::SgdMomentum => {
-                let _ = writeln!(src, "  if ((u.flags & 1u) != 0u) {{\n   g = g + u.weight_decay * {cur}[i];\n  }}");
+                let _ = writeln!(
+                    src,
+                    "  if ((params[{t}].flags & 1u) != 0u) {{\n   g = g + params[{t}].weight_decay * {cur}[i];\n  }}"
+                );
                 if *entry == Entry::SgdMomentum {
                     let _ = writeln!(
                         src,
-                        "  let mom = u.momentum;\n  let v = mom * m{t}[i] + u.one_minus_dampening * g;\n  \
-                         m{t}[i] = v;\n  if ((u.flags & 2u) != 0u) {{\n   g = g + mom * v;\n  }} else {{\n   g = v;\n  }}"
+                        "  let mom = params[{t}].momentum;\n  let v = mom * m{t}[i] + params[{t}].one_minus_dampening * g;\n  \
+                         m{t}[i] = v;\n  if ((params[{t}].flags & 2u) != 0u) {{\n   g = g + mom * v;\n  }} else {{\n   g = v;\n  }}"
                     );
                 }
-                let _ = writeln!(src, "  p{t}[i] = {cur}[i] - u.lr * g;");
+                let _ = writeln!(src, "  p{t}[i] = {cur}[i] - params[{t}].lr * g;");
             }
             Entry::Adam => {
                 let _ = writeln!(
                     src,
-                    "  var w = {cur}[i];\n  if ((u.flags & 1u) != 0u) {{\n   w = w * u.decay_factor;\n  }} else {{\n   \
-                     g = g + u.weight_decay * w;\n  }}\n  let m = u.beta1 * m{t}[i] + u.one_minus_beta1 * g;\n  \
-                     let v = u.beta2 * v{t}[i] + u.one_minus_beta2 * g * g;\n  m{t}[i] = m;\n  v{t}[i] = v;\n  \
-                     let mhat = m / u.bias1;\n  let vhat = v / u.bias2;\n  p{t}[i] = w - u.lr * mhat / (sqrt(vhat) + u.eps);"
+                    "  var w = {cur}[i];\n  if ((params[{t}].flags & 1u) != 0u) {{\n   w = w * params[{t}].decay_factor;\n  }} else {{\n   \
+                     g = g + params[{t}].weight_decay * w;\n  }}\n  let m = params[{t}].beta1 * m{t}[i] + params[{t}].one_minus_beta1 * g;\n  \
+                     let v = params[{t}].beta2 * v{t}[i] + params[{t}].one_minus_beta2 * g * g;\n  m{t}[i] = m;\n  v{t}[i] = v;\n  \
+                     let mhat = m / params[{t}].bias1;\n  let vhat = v / params[{t}].bias2;\n  p{t}[i] = w - params[{t}].lr * mhat / (sqrt(vhat) + params[{t}].eps);"
                 );
             }
         }
-        let _ = writeln!(src, "  return;\n }}\n i = i - params[{t}].n;");
+        src.push_str("  return;\n }\n");
     }
     src.push_str("}\n");
     src
