@@ -190,7 +190,7 @@ impl StateBuffers {
 /// run of consecutive parameters on one device goes to its backend as one
 /// `update_params` call, so the CPU makes one parallel pass over all of
 /// them and wgpu one dispatch per group, not one per tensor.
-fn apply_all(state: &[StateBuffers], update_for: impl Fn(&StateBuffers) -> ParamUpdate) -> Result<()> {
+fn apply_all(state: &[StateBuffers], update_for: &dyn Fn(&StateBuffers) -> ParamUpdate) -> Result<()> {
     let mut start = 0;
     while start < state.len() {
         let device = state[start].param.device();
@@ -347,7 +347,7 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
-        apply_all(&self.state, |s| {
+        apply_all(&self.state, &|s| {
             let g = self.groups[s.group];
             ParamUpdate::Sgd {
                 lr: g.lr,
@@ -458,7 +458,7 @@ impl Adam {
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
         self.step += 1;
-        apply_all(&self.state, |s| {
+        apply_all(&self.state, &|s| {
             let g = self.groups[s.group];
             ParamUpdate::Adam {
                 lr: g.lr,

@@ -27,10 +27,18 @@ pub(crate) fn update(
     let (entry, params) = prepare(upd, word(OP, len)?)?;
     let buf = |id: BufferId, write: bool| Arg::Buffer { id, dtype, len, write };
     let groups = be.grid_for(OP, len)?;
-    let args = [(1, buf(param, true)), (2, buf(grad, false))];
-    let states = state.iter().take(entry.states()).enumerate().map(|(k, &id)| (3 + k as u32, buf(id, true)));
-    let args: Vec<(u32, Arg)> = args.into_iter().chain(states).collect();
-    be.launch(OP, Kernel::Update, entry.name(), &args, words(&params), groups)
+    let (p, g) = ((1, buf(param, true)), (2, buf(grad, false)));
+    let params = words(&params);
+    match entry {
+        Entry::Sgd => be.launch(OP, Kernel::Update, "sgd", &[p, g], params, groups),
+        Entry::SgdMomentum => {
+            be.launch(OP, Kernel::Update, "sgd_momentum", &[p, g, (3, buf(state[0], true))], params, groups)
+        }
+        Entry::Adam => {
+            let args = [p, g, (3, buf(state[0], true)), (4, buf(state[1], true))];
+            be.launch(OP, Kernel::Update, "adam", &args, params, groups)
+        }
+    }
 }
 
 /// Which of update.wgsl's steps an update runs.
@@ -42,14 +50,8 @@ enum Entry {
 }
 
 impl Entry {
-    fn name(self) -> &'static str {
-        match self {
-            Entry::Sgd => "sgd",
-            Entry::SgdMomentum => "sgd_momentum",
-            Entry::Adam => "adam",
-        }
-    }
     /// State buffers it reads and writes.
+    #[cfg(not(target_arch = "wasm32"))]
     fn states(self) -> usize {
         match self {
             Entry::Sgd => 0,

@@ -26,7 +26,15 @@ pub(super) struct Job<'a> {
 }
 
 /// A chunk of one parameter's update, ready to run on any thread.
+#[cfg(feature = "rayon")]
 type Task<'a> = Box<dyn FnOnce() + Send + 'a>;
+
+/// Where `chunked` puts the chunks: tasks to share among rayon's threads;
+/// without rayon, nothing (each chunk runs at once).
+#[cfg(feature = "rayon")]
+type Tasks<'a> = Vec<Task<'a>>;
+#[cfg(not(feature = "rayon"))]
+type Tasks<'a> = std::marker::PhantomData<&'a ()>;
 
 /// Run several updates as one pass (multi-tensor apply): every job is
 /// checked and cut into chunks first, nothing is written unless all are
@@ -35,13 +43,36 @@ type Task<'a> = Box<dyn FnOnce() + Send + 'a>;
 /// optimizer step, not one per large tensor). Each element gets the same
 /// arithmetic as a job run alone.
 pub(super) fn update_many(jobs: Vec<Job<'_>>) -> Result<()> {
-    let mut tasks: Vec<Task<'_>> = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        check(job)?;
+    }
+    let mut tasks = Tasks::default();
     let mut work = 0usize;
     for job in jobs {
         work = work.saturating_add(job.len.saturating_mul(4));
         plan(job, &mut tasks)?;
     }
     run(tasks, work);
+    Ok(())
+}
+
+/// What `plan` would refuse, found before any job runs (without rayon,
+/// `plan` runs each job at once).
+fn check(job: &Job<'_>) -> Result<()> {
+    let fits = |s: &CpuStorage| s.dtype() == job.dtype && s.len() >= job.len;
+    let states = match job.upd {
+        ParamUpdate::Adam { step: 0, .. } => return Err(Error::invalid(OP, "Adam's step counts from 1")),
+        ParamUpdate::Adam { .. } => 2,
+        ParamUpdate::Sgd { momentum, .. } => usize::from(momentum != 0.0),
+    };
+    let buffers_fit = fits(job.param)
+        && fits(job.grad)
+        && job.source.is_none_or(fits)
+        && job.state.len() >= states
+        && job.state.iter().take(states).all(|s| fits(s));
+    if !(job.dtype == DType::F32 || job.dtype == DType::F64) || !buffers_fit {
+        return Err(Error::backend(OP, format!("a buffer is not {} x {}", job.len, job.dtype)));
+    }
     Ok(())
 }
 
@@ -59,12 +90,10 @@ fn run(tasks: Vec<Task<'_>>, work: usize) {
 }
 
 #[cfg(not(feature = "rayon"))]
-fn run(tasks: Vec<Task<'_>>, _work: usize) {
-    tasks.into_iter().for_each(|task| task());
-}
+fn run(_tasks: Tasks<'_>, _work: usize) {}
 
 /// Check one job and add its chunks to `tasks`.
-fn plan<'a>(job: Job<'a>, tasks: &mut Vec<Task<'a>>) -> Result<()> {
+fn plan<'a>(job: Job<'a>, tasks: &mut Tasks<'a>) -> Result<()> {
     let Job { upd, param, source, grad, mut state, dtype, len } = job;
     with_float!(dtype, OP, T => {
         let short = || Error::backend(OP, format!("a buffer is not {len} x {dtype}"));
@@ -352,34 +381,42 @@ fn chunked<'a, T: Copy + Send + Sync + 'a>(
     src: Option<&'a [T]>,
     g: &'a [T],
     st: SmallVec<[&'a mut [T]; 2]>,
-    tasks: &mut Vec<Task<'a>>,
+    tasks: &mut Tasks<'a>,
     f: impl Fn(&mut [T], Option<&[T]>, &[T], &mut [&mut [T]]) + Send + Copy + 'a,
 ) {
-    #[cfg(feature = "rayon")]
-    let chunk =
-        if p.len() * 4 >= super::layout::PAR_THRESHOLD { super::layout::chunk_len(p.len() * 4) / 4 } else { p.len() };
     #[cfg(not(feature = "rayon"))]
-    let chunk = p.len();
-    let (mut p, mut g, mut src, mut st) = (p, g, src, st);
-    loop {
-        let n = chunk.min(p.len());
-        let (hp, tp) = std::mem::take(&mut p).split_at_mut(n);
-        let (hg, tg) = g.split_at(n);
-        let hsrc = src.map(|s| {
-            let (h, t) = s.split_at(n);
-            src = Some(t);
-            h
-        });
-        let mut hs: SmallVec<[&mut [T]; 2]> = SmallVec::new();
-        for s in st.iter_mut() {
-            let (h, t) = std::mem::take(s).split_at_mut(n);
-            hs.push(h);
-            *s = t;
-        }
-        (p, g) = (tp, tg);
-        tasks.push(Box::new(move || f(hp, hsrc, hg, &mut hs)));
-        if p.is_empty() {
-            break;
+    {
+        // One thread: run now (`update_many` checked every job first).
+        let _ = tasks;
+        let mut st = st;
+        f(p, src, g, &mut st);
+    }
+    #[cfg(feature = "rayon")]
+    {
+        let whole = p.len();
+        let chunk =
+            if whole * 4 >= super::layout::PAR_THRESHOLD { super::layout::chunk_len(whole * 4) / 4 } else { whole };
+        let (mut p, mut g, mut src, mut st) = (p, g, src, st);
+        loop {
+            let n = chunk.min(p.len());
+            let (hp, tp) = std::mem::take(&mut p).split_at_mut(n);
+            let (hg, tg) = g.split_at(n);
+            let hsrc = src.map(|s| {
+                let (h, t) = s.split_at(n);
+                src = Some(t);
+                h
+            });
+            let mut hs: SmallVec<[&mut [T]; 2]> = SmallVec::new();
+            for s in st.iter_mut() {
+                let (h, t) = std::mem::take(s).split_at_mut(n);
+                hs.push(h);
+                *s = t;
+            }
+            (p, g) = (tp, tg);
+            tasks.push(Box::new(move || f(hp, hsrc, hg, &mut hs)));
+            if p.is_empty() {
+                break;
+            }
         }
     }
 }
