@@ -44,7 +44,8 @@ pub struct WgpuOptions {
     /// grouped kernel for every thread (measured on lavapipe: W1's Adam
     /// update 27.6 ms grouped against 6.3 ms as six kernels), while a GPU
     /// branches per workgroup and saves the launches. Both give the same
-    /// bits where the adapter rounds every op.
+    /// bits where the adapter rounds every op. `KILN_GROUPED_UPDATE=1` or
+    /// `=0` sets it from the environment when it is `None`.
     pub grouped_optimizer_update: Option<bool>,
 }
 

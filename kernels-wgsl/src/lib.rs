@@ -125,6 +125,18 @@ pub struct WgpuBackend {
     grouped_update: bool,
 }
 
+/// `KILN_GROUPED_UPDATE=1` / `=0`: group optimizer updates or not, whatever
+/// the adapter (for measurements; `WgpuOptions::grouped_optimizer_update`
+/// wins when set).
+#[cfg(not(target_arch = "wasm32"))]
+fn grouped_update_from_env() -> Option<bool> {
+    match std::env::var("KILN_GROUPED_UPDATE").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
 impl WgpuBackend {
     /// Open a device. Async because a browser cannot block; natively, wrap it
     /// in `pollster::block_on`.
@@ -158,7 +170,7 @@ impl WgpuBackend {
             #[cfg(not(target_arch = "wasm32"))]
             max_fused_ops: options.max_fused_ops.unwrap_or(kernels::fused::MAX_OPS),
             #[cfg(not(target_arch = "wasm32"))]
-            grouped_update: options.grouped_optimizer_update.unwrap_or(hardware),
+            grouped_update: options.grouped_optimizer_update.or_else(grouped_update_from_env).unwrap_or(hardware),
         })
     }
 
