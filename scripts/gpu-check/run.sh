@@ -33,6 +33,11 @@ round 1
 echo "== kiln GEMM shapes of W1/W2"
 timeout 120 "$BIN/kiln" bench --device vulkan --workloads GEMM 2>&1 | tee "$OUT/kiln-gemm-shapes.jsonl"
 round 2
+echo "== optimizer updates one kernel per tensor (KILN_GROUPED_UPDATE=0) against grouped (=1)"
+for g in 0 1 0 1; do
+  KILN_GROUPED_UPDATE=$g timeout 120 "$BIN/kiln" bench --device vulkan --workloads W1,W2 2>&1 \
+    | sed "s/^/grouped=$g /" | tee -a "$OUT/kiln-grouped-update.jsonl"
+done
 if [ -x "$BIN/matmul_kernels" ]; then
   echo "== each wgpu matmul kernel, forced (GFLOP/s, C read back)"
   timeout 120 "$BIN/matmul_kernels" 4096 4096 4096 1024 1024 1024 128 784 512 2>&1 | tee "$OUT/matmul-kernels.txt"
