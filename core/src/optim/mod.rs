@@ -189,7 +189,8 @@ impl StateBuffers {
 /// Update every parameter that has a gradient (multi-tensor apply): each
 /// run of consecutive parameters on one device goes to its backend as one
 /// `update_params` call, so the CPU makes one parallel pass over all of
-/// them and wgpu one dispatch per group, not one per tensor.
+/// them and wgpu (on hardware adapters) one dispatch per group of tensors,
+/// not one per tensor.
 fn apply_all(state: &[StateBuffers], update_for: &dyn Fn(&StateBuffers) -> ParamUpdate) -> Result<()> {
     let mut start = 0;
     while start < state.len() {
