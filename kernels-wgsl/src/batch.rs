@@ -29,9 +29,13 @@ pub(crate) enum Res {
 
 pub(crate) struct Dispatch {
     pub pipeline: Rc<Pipeline>,
-    /// The op, kernel and entry point, for the profile (`profile.rs`).
+    /// The op, kernel and entry point, for the profile (`profile.rs`,
+    /// native only).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub op: &'static str,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub kernel: Kernel,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub entry: &'static str,
     pub bindings: Vec<(u32, Res)>,
     /// Byte range of this dispatch's parameters in the arena.

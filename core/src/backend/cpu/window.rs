@@ -329,7 +329,9 @@ impl InnerWindows {
 /// Windows per block: their values, offsets and origins stay in L1.
 const BLOCK: usize = 64;
 
-/// Scratch for one block of inner windows.
+/// Scratch for one block of inner windows (native only: the browser build
+/// has no inner-window search, see `InnerWindows::of`).
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 struct Block<T> {
     /// Plane offset of each window's first pixel.
     origins: [usize; BLOCK],
