@@ -176,6 +176,17 @@ fn a_bad_call_list_is_refused_before_anything_is_written() {
         let mut list = calls(&cases, &b);
         list[2].state = &[];
         assert!(be.update_params(&list).is_err(), "{}", device.name());
+        // The last update claims more elements than its buffers hold.
+        let mut list = calls(&cases, &b);
+        list[last].len += 1;
+        let err = be.update_params(&list).unwrap_err();
+        assert!(err.to_string().contains("update_param"), "{}: {err}", device.name());
+        // A buffer that does not exist (freed).
+        let gone = be.alloc(DType::F32, 4).unwrap();
+        be.free(gone);
+        let mut list = calls(&cases, &b);
+        list[last].grad = gone;
+        assert!(be.update_params(&list).is_err(), "{}", device.name());
         be.flush().unwrap();
         assert!(read_all(be, &cases, &b) == before, "{}: a refused call list changed buffers", device.name());
         // And the backend still works.

@@ -157,6 +157,37 @@ pub(crate) fn update_many(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>], group
     if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
         return Err(Error::backend(OP, format!("buffer {} is written by two updates", w[0].0)));
     }
+    // Every buffer exists, holds the update's elements and can be bound
+    // (what recording would find, found before anything is recorded).
+    {
+        let buffers = be.buffers.borrow();
+        let limit = be.ctx().limits.max_storage_buffer_binding_size;
+        for (c, (entry, _)) in calls.iter().zip(&prepared) {
+            let ids = [c.param, c.grad].into_iter().chain(c.source).chain(c.state[..entry.states()].iter().copied());
+            for id in ids {
+                let stored = buffers.get(OP, id)?;
+                if stored.dtype != c.dtype || stored.len < c.len {
+                    return Err(Error::backend(
+                        OP,
+                        format!(
+                            "buffer {} holds {} x {} but the update was given {} x {}",
+                            id.0, stored.len, stored.dtype, c.len, c.dtype
+                        ),
+                    ));
+                }
+            }
+            if crate::buffers::bytes_of(c.len) > limit {
+                return Err(Error::unsupported(
+                    OP,
+                    format!(
+                        "a parameter of {} elements is larger than this device's max_storage_buffer_binding_size \
+                         of {limit} bytes",
+                        c.len
+                    ),
+                ));
+            }
+        }
+    }
     let limits = &be.ctx().limits;
     let max_bindings = limits.max_storage_buffers_per_shader_stage.min(limits.max_bindings_per_bind_group) as usize;
     // Ungrouped: one tensor per kernel, as if only one fit.
