@@ -325,3 +325,63 @@ fn generate(calls: &[ParamUpdateCall<'_>], prepared: &[(Entry, Update)]) -> Stri
     src.push_str("}\n");
     src
 }
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use kiln_core::backend::{BufferId, ParamUpdate, ParamUpdateCall};
+    use kiln_core::DType;
+
+    use super::{generate, prepare};
+
+    fn validate(src: &str) {
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("generated WGSL does not parse:\n{}\n{src}", e.emit_to_string(src)));
+        let mut v =
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+        if let Err(e) = v.validate(&module) {
+            panic!("generated WGSL does not validate:\n{}\n{src}", e.emit_to_string(src));
+        }
+    }
+
+    /// Every kind of update, with and without a copy-on-write source, alone
+    /// and all in one kernel, makes valid WGSL (naga, as wgpu checks it
+    /// before creating the pipeline), without an adapter.
+    #[test]
+    fn grouped_kernels_validate_for_every_kind_of_update() {
+        let adam = |decoupled| ParamUpdate::Adam {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            decoupled_weight_decay: decoupled,
+            step: 1,
+        };
+        let sgd =
+            |momentum, nesterov| ParamUpdate::Sgd { lr: 0.1, momentum, dampening: 0.0, weight_decay: 0.0, nesterov };
+        let updates = [adam(true), adam(false), sgd(0.0, false), sgd(0.9, false), sgd(0.9, true)];
+        let state = [BufferId(0), BufferId(1)];
+        let calls: Vec<ParamUpdateCall<'_>> = updates
+            .iter()
+            .flat_map(|&update| {
+                [None, Some(BufferId(9))].map(|source| ParamUpdateCall {
+                    update,
+                    source,
+                    param: BufferId(2),
+                    grad: BufferId(3),
+                    state: &state,
+                    dtype: DType::F32,
+                    len: 10,
+                })
+            })
+            .collect();
+        let prepared: Vec<_> = calls.iter().map(|c| prepare(&c.update, 10).unwrap()).collect();
+        for k in 0..calls.len() {
+            validate(&generate(&calls[k..k + 1], &prepared[k..k + 1]));
+        }
+        let all = generate(&calls, &prepared);
+        validate(&all);
+        // One branch per tensor, each reading its own parameters.
+        assert_eq!(all.matches("if (group >= params[").count(), calls.len());
+    }
+}
