@@ -632,6 +632,20 @@ const fn strip_comments<const N: usize>(text: &[u8]) -> [u8; N] {
     out
 }
 
+/// Panics unless `src` parses and validates with naga, as wgpu checks a
+/// module before creating its pipeline (the tests of every WGSL kiln writes
+/// or generates).
+#[cfg(test)]
+pub(crate) fn validate_wgsl(name: &str, src: &str) {
+    let module = naga::front::wgsl::parse_str(src)
+        .unwrap_or_else(|e| panic!("{name} does not parse:\n{}\n{src}", e.emit_to_string(src)));
+    let mut validator =
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+    if let Err(e) = validator.validate(&module) {
+        panic!("{name} does not validate:\n{}\n{src}", e.emit_to_string(src));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -654,15 +668,7 @@ mod tests {
         }
     }
 
-    fn validate(name: &str, src: &str) {
-        let module = naga::front::wgsl::parse_str(src)
-            .unwrap_or_else(|e| panic!("{name} does not parse:\n{}", e.emit_to_string(src)));
-        let mut validator =
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
-        if let Err(e) = validator.validate(&module) {
-            panic!("{name} does not validate:\n{}", e.emit_to_string(src));
-        }
-    }
+    use super::validate_wgsl as validate;
 
     /// The files exactly as they are on disk (after common.wgsl, which is
     /// also checked alone): no placeholders, nothing filled in.

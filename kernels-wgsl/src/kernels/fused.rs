@@ -591,13 +591,7 @@ mod tests {
     }
 
     fn validate(src: &str) {
-        let module = naga::front::wgsl::parse_str(src)
-            .unwrap_or_else(|e| panic!("generated WGSL does not parse:\n{}\n{src}", e.emit_to_string(src)));
-        let mut v =
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
-        if let Err(e) = v.validate(&module) {
-            panic!("generated WGSL does not validate:\n{}\n{src}", e.emit_to_string(src));
-        }
+        crate::shaders::validate_wgsl("generated fused kernel", src);
     }
 
     /// Every kind of op and read, in f32 and i32, makes valid WGSL (naga,

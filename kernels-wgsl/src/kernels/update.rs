@@ -334,13 +334,7 @@ mod tests {
     use super::{generate, prepare};
 
     fn validate(src: &str) {
-        let module = naga::front::wgsl::parse_str(src)
-            .unwrap_or_else(|e| panic!("generated WGSL does not parse:\n{}\n{src}", e.emit_to_string(src)));
-        let mut v =
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
-        if let Err(e) = v.validate(&module) {
-            panic!("generated WGSL does not validate:\n{}\n{src}", e.emit_to_string(src));
-        }
+        crate::shaders::validate_wgsl("generated update kernel", src);
     }
 
     /// Every kind of update, with and without a copy-on-write source, alone
