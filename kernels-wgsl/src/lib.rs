@@ -280,7 +280,6 @@ impl WgpuBackend {
         params: &[u32],
         groups: [u32; 3],
     ) -> Result<()> {
-        let limit = self.ctx.limits.max_storage_buffer_binding_size;
         let mut bindings = Vec::with_capacity(args.len());
         {
             let buffers = self.buffers.borrow();
@@ -288,27 +287,7 @@ impl WgpuBackend {
                 let res = match *arg {
                     Arg::Status => Res::Status,
                     Arg::Buffer { id, dtype, len, write } => {
-                        let stored = buffers.get(op, id)?;
-                        if stored.dtype != dtype || stored.len < len {
-                            return Err(Error::backend(
-                                op,
-                                format!(
-                                    "buffer {} holds {} x {} but the kernel was given {len} x {dtype}",
-                                    id.0, stored.len, stored.dtype
-                                ),
-                            ));
-                        }
-                        let bytes = bytes_of(len);
-                        if bytes > limit {
-                            return Err(Error::unsupported(
-                                op,
-                                format!(
-                                    "a {dtype} tensor of {len} elements ({bytes} bytes) is larger than this \
-                                     device's max_storage_buffer_binding_size of {limit} bytes; use smaller \
-                                     tensors (e.g. smaller batches) or the CPU device"
-                                ),
-                            ));
-                        }
+                        let stored = self.bindable(&buffers, op, id, dtype, len)?;
                         // A buffer written by a kernel must not also be bound
                         // elsewhere in the same dispatch (wgpu refuses it).
                         let aliased = args.iter().enumerate().any(|(j, (_, other))| {
@@ -320,7 +299,7 @@ impl WgpuBackend {
                                 format!("buffer {} is both written and bound again by one kernel", id.0),
                             ));
                         }
-                        Res::Buffer(stored.buffer.clone(), bytes)
+                        Res::Buffer(stored.buffer.clone(), bytes_of(len))
                     }
                 };
                 bindings.push((*binding, res));
@@ -330,6 +309,41 @@ impl WgpuBackend {
         let params = batch.push_params(&self.ctx, params);
         batch.push(Command::Dispatch(Dispatch { pipeline, op, kernel, entry, bindings, params, groups }));
         Ok(())
+    }
+
+    /// The stored buffer `id`, if a kernel may bind it as `len` x `dtype`:
+    /// it exists, holds that many of that dtype, and `len` elements fit the
+    /// device's largest storage binding.
+    pub(crate) fn bindable<'b>(
+        &self,
+        buffers: &'b buffers::Buffers,
+        op: &'static str,
+        id: BufferId,
+        dtype: DType,
+        len: usize,
+    ) -> Result<&'b buffers::Stored> {
+        let stored = buffers.get(op, id)?;
+        if stored.dtype != dtype || stored.len < len {
+            return Err(Error::backend(
+                op,
+                format!(
+                    "buffer {} holds {} x {} but the kernel was given {len} x {dtype}",
+                    id.0, stored.len, stored.dtype
+                ),
+            ));
+        }
+        let (bytes, limit) = (bytes_of(len), self.ctx.limits.max_storage_buffer_binding_size);
+        if bytes > limit {
+            return Err(Error::unsupported(
+                op,
+                format!(
+                    "a {dtype} tensor of {len} elements ({bytes} bytes) is larger than this device's \
+                     max_storage_buffer_binding_size of {limit} bytes; use smaller tensors (e.g. smaller batches) \
+                     or the CPU device"
+                ),
+            ));
+        }
+        Ok(stored)
     }
 
     /// Record a copy of the first `len` words of `src` into `dst`.

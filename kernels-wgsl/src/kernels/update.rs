@@ -125,10 +125,10 @@ const MAX_TENSORS: usize = 16;
 /// Multi-tensor apply: consecutive updates share one generated kernel and
 /// one dispatch, as many as the adapter's storage-buffer bindings allow
 /// (binding 0 holds every tensor's parameters, then each tensor binds its
-/// parameter, gradient, copy-on-write source if any, and state). A thread
-/// finds its tensor by subtracting element counts, so each element gets the
-/// arithmetic of update.wgsl's step for it, in the same order: the same
-/// bits as one dispatch per tensor where the adapter rounds every op. Every
+/// parameter, gradient, copy-on-write source if any, and state). Each
+/// tensor owns a range of whole workgroups (`generate`), and each element
+/// gets the arithmetic of update.wgsl's step for it, in the same order: the
+/// same bits as one dispatch per tensor where the adapter rounds every op. Every
 /// call is checked before anything is recorded; where only one tensor fits,
 /// or `grouped` is off (`WgpuOptions::grouped_optimizer_update`),
 /// update.wgsl runs once per tensor.
@@ -158,33 +158,14 @@ pub(crate) fn update_many(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>], group
         return Err(Error::backend(OP, format!("buffer {} is written by two updates", w[0].0)));
     }
     // Every buffer exists, holds the update's elements and can be bound
-    // (what recording would find, found before anything is recorded).
+    // (what recording checks dispatch by dispatch, checked before anything
+    // is recorded).
     {
         let buffers = be.buffers.borrow();
-        let limit = be.ctx().limits.max_storage_buffer_binding_size;
         for (c, (entry, _)) in calls.iter().zip(&prepared) {
             let ids = [c.param, c.grad].into_iter().chain(c.source).chain(c.state[..entry.states()].iter().copied());
             for id in ids {
-                let stored = buffers.get(OP, id)?;
-                if stored.dtype != c.dtype || stored.len < c.len {
-                    return Err(Error::backend(
-                        OP,
-                        format!(
-                            "buffer {} holds {} x {} but the update was given {} x {}",
-                            id.0, stored.len, stored.dtype, c.len, c.dtype
-                        ),
-                    ));
-                }
-            }
-            if crate::buffers::bytes_of(c.len) > limit {
-                return Err(Error::unsupported(
-                    OP,
-                    format!(
-                        "a parameter of {} elements is larger than this device's max_storage_buffer_binding_size \
-                         of {limit} bytes",
-                        c.len
-                    ),
-                ));
+                be.bindable(&buffers, OP, id, c.dtype, c.len)?;
             }
         }
     }

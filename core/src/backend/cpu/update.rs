@@ -60,15 +60,13 @@ pub(super) fn update_many(jobs: Vec<Job<'_>>) -> Result<()> {
 /// `plan` runs each job at once).
 fn check(job: &Job<'_>) -> Result<()> {
     let fits = |s: &CpuStorage| s.dtype() == job.dtype && s.len() >= job.len;
-    let states = match job.upd {
-        ParamUpdate::Adam { step: 0, .. } => return Err(Error::invalid(OP, "Adam's step counts from 1")),
-        ParamUpdate::Adam { .. } => 2,
-        ParamUpdate::Sgd { momentum, .. } => usize::from(momentum != 0.0),
-    };
+    if let ParamUpdate::Adam { step: 0, .. } = job.upd {
+        return Err(Error::invalid(OP, "Adam's step counts from 1"));
+    }
+    let states = crate::backend::checks::update_state_count(&job.upd, job.state.len())?;
     let buffers_fit = fits(job.param)
         && fits(job.grad)
         && job.source.is_none_or(fits)
-        && job.state.len() >= states
         && job.state.iter().take(states).all(|s| fits(s));
     if !(job.dtype == DType::F32 || job.dtype == DType::F64) || !buffers_fit {
         return Err(Error::backend(OP, format!("a buffer is not {} x {}", job.len, job.dtype)));
@@ -92,7 +90,8 @@ fn run(tasks: Vec<Task<'_>>, work: usize) {
 #[cfg(not(feature = "rayon"))]
 fn run(_tasks: Tasks<'_>, _work: usize) {}
 
-/// Check one job and add its chunks to `tasks`.
+/// Add one job's chunks to `tasks` (`check` has accepted it: the step,
+/// the state count, every buffer's dtype and length).
 fn plan<'a>(job: Job<'a>, tasks: &mut Tasks<'a>) -> Result<()> {
     let Job { upd, param, source, grad, mut state, dtype, len } = job;
     with_float!(dtype, OP, T => {
@@ -124,12 +123,6 @@ fn plan<'a>(job: Job<'a>, tasks: &mut Tasks<'a>) -> Result<()> {
                 });
             }
             ParamUpdate::Adam { lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, step } => {
-                if step == 0 {
-                    return Err(Error::invalid(OP, "Adam's step counts from 1"));
-                }
-                if st.len() < 2 {
-                    return Err(Error::backend(OP, "Adam needs two state buffers"));
-                }
                 st.truncate(2);
                 let steps = i32::try_from(step).unwrap_or(i32::MAX);
                 let c = |v: f64| T::from_f64(v);
