@@ -179,7 +179,10 @@ impl Graph {
                         continue;
                     }
                     if fuse {
-                        if let Some(group) = fusion::plan_group(state, &order[pos - 1..], &mut marks, &uses, keep_saved)
+                        if let Some(group) =
+                            fusion::plan_group(state, &order[pos - 1..], &mut marks, &uses, keep_saved, &|d| {
+                                backend.fuses_matmul(d)
+                            })
                         {
                             for &m in &group.members {
                                 marks[m as usize] |= RAN;

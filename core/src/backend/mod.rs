@@ -97,7 +97,9 @@ pub enum FusedArg {
 
 /// One op of a fused group: an element-wise op (Unary, Binary, Compare,
 /// Where) or a constant (`Full`, which stands for its value broadcast to the
-/// group's dims). `dtype` is the op's output dtype.
+/// group's dims). `dtype` is the op's output dtype. In a group with a head
+/// (`FusedCall::head`), op 0 is the head's `MatMul` with no operands: its
+/// value is the product, which the ops after it read like any op's value.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FusedOp {
     pub op: Op,
@@ -130,6 +132,30 @@ pub struct FusedCall<'a> {
     /// dtypes, input and output dims; the executor's plan cache checked it),
     /// so the backend may reuse what it derived from the first one.
     pub plan_id: Option<u64>,
+    /// A matrix product whose value is op 0, the element-wise ops after it
+    /// its epilogue (bias, activation, scale): one kernel that applies them
+    /// to each tile of the product while it is in registers or cache, so
+    /// the raw product is written only when it is kept. Only sent to a
+    /// backend whose `fuses_matmul` says yes.
+    pub head: Option<FusedMatMul<'a>>,
+}
+
+/// The head of a fused group: `a x b` over the last two axes, batch axes
+/// broadcast, exactly `Op::MatMul { transpose_a, transpose_b }` on these
+/// operands (which are not broadcast to the group's dims); its dims are the
+/// group's.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedMatMul<'a> {
+    pub transpose_a: bool,
+    pub transpose_b: bool,
+    pub a: TensorRef<'a>,
+    pub b: TensorRef<'a>,
+}
+
+impl FusedMatMul<'_> {
+    pub fn op(&self) -> Op {
+        Op::MatMul { transpose_a: self.transpose_a, transpose_b: self.transpose_b }
+    }
 }
 
 impl FusedCall<'_> {
@@ -211,6 +237,11 @@ pub trait Backend {
     fn run_fused(&self, _call: &FusedCall<'_>) -> Result<()> {
         Err(crate::error::Error::unsupported("fused", format!("{} does not run fused kernels", self.name())))
     }
+    /// Whether `run_fused` takes groups headed by a matrix product
+    /// (`FusedCall::head`: matmul epilogue fusion) of `dtype`.
+    fn fuses_matmul(&self, _dtype: DType) -> bool {
+        false
+    }
     /// Update a parameter in place from its gradient.
     fn update_param(
         &self,
@@ -268,4 +299,64 @@ pub trait Backend {
     fn counters(&self) -> BackendCounters {
         BackendCounters::default()
     }
+}
+
+/// Run a call with a head (`FusedCall::head`) as two kernels: the product
+/// by `run`, into op 0's output or a scratch buffer, then the epilogue as a
+/// fused group (without a head) reading it. The same values as the fused
+/// kernel (each op computes what its own kernel would); for the shapes a
+/// backend's fused kernel does not cover.
+pub fn run_head_split<B: Backend + ?Sized>(backend: &B, call: &FusedCall<'_>) -> Result<()> {
+    use crate::error::Error;
+    let Some(head) = call.head else {
+        return Err(Error::backend("fused", "run_head_split needs a call with a head"));
+    };
+    let Some(first) = call.ops.first().filter(|o| matches!(o.op, Op::MatMul { .. }) && o.arity == 0) else {
+        return Err(Error::backend("fused", "op 0 of a group with a head must be its MatMul, without operands"));
+    };
+    let dtype = first.dtype;
+    let numel: usize = call.dims.iter().product();
+    let kept = call.outputs.iter().find(|(k, _)| *k == 0).map(|&(_, t)| t.buffer);
+    let product = match kept {
+        Some(b) => b,
+        None => backend.alloc(dtype, numel)?,
+    };
+    let result = (|| {
+        let out = TensorRef { buffer: product, dims: call.dims, dtype };
+        backend.run(&KernelCall { op: head.op(), inputs: &[head.a, head.b], output: out })?;
+        if call.ops.len() == 1 {
+            return Ok(());
+        }
+        let at = u16::try_from(call.inputs.len()).map_err(|_| Error::backend("fused", "too many inputs"))?;
+        let ops: Vec<FusedOp> = call.ops[1..]
+            .iter()
+            .map(|o| {
+                let mut o = *o;
+                for a in o.args.iter_mut().take(o.arity as usize) {
+                    *a = match *a {
+                        FusedArg::Op(0) => FusedArg::Input(at),
+                        FusedArg::Op(k) => FusedArg::Op(k - 1),
+                        input => input,
+                    };
+                }
+                o
+            })
+            .collect();
+        let mut inputs = call.inputs.to_vec();
+        inputs.push(out);
+        let outputs: Vec<(u16, TensorRef<'_>)> =
+            call.outputs.iter().filter(|(k, _)| *k != 0).map(|&(k, t)| (k - 1, t)).collect();
+        backend.run_fused(&FusedCall {
+            dims: call.dims,
+            ops: &ops,
+            inputs: &inputs,
+            outputs: &outputs,
+            plan_id: call.plan_id,
+            head: None,
+        })
+    })();
+    if kept.is_none() {
+        backend.free(product);
+    }
+    result
 }

@@ -18,7 +18,7 @@
 use smallvec::SmallVec;
 
 use super::{pinned, RAN, TARGET};
-use crate::backend::{BufferId, FusedArg, FusedCall, FusedOp, TensorRef};
+use crate::backend::{BufferId, FusedArg, FusedCall, FusedMatMul, FusedOp, TensorRef};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -86,19 +86,38 @@ fn dims_of(state: &GraphState, id: NodeId) -> &[usize] {
     SlabRange::of(&state.dims_slab, state.nodes[id as usize].dims)
 }
 
+/// Whether `id` can head a group: a matrix product of a dtype whose
+/// epilogue the backend fuses (`Backend::fuses_matmul`), operands computed.
+fn head_of(state: &GraphState, id: NodeId, fuses_matmul: &dyn Fn(DType) -> bool) -> bool {
+    let node = &state.nodes[id as usize];
+    matches!(node.op, Op::MatMul { .. })
+        && fuses_matmul(node.dtype)
+        && SlabRange::of(&state.input_slab, node.inputs).iter().all(|&i| state.values[i as usize].is_some())
+}
+
 /// The group starting at `rest[0]`, if one of at least two nodes forms
 /// there. `marks` is the executor's; `uses` counts each value's consumers
-/// still to run.
+/// still to run. A matrix product at `rest[0]` heads a group when the
+/// backend fuses its epilogue and an element-wise op of the group reads it.
 pub(super) fn plan_group(
     state: &GraphState,
     rest: &[NodeId],
     marks: &mut [u8],
     uses: &[u32],
     keep_saved: bool,
+    fuses_matmul: &dyn Fn(DType) -> bool,
 ) -> Option<Group> {
     let mut value: Option<DType> = None;
     let mut dims: Option<Dims> = None;
     let mut members: Vec<NodeId> = Vec::new();
+    let head = rest.first().copied().filter(|&id| marks[id as usize] & RAN == 0 && head_of(state, id, fuses_matmul));
+    if let Some(id) = head {
+        value = Some(state.nodes[id as usize].dtype);
+        dims = Some(Dims::from_slice(dims_of(state, id)));
+        members.push(id);
+        marks[id as usize] |= IN_GROUP;
+    }
+    let rest = if head.is_some() { &rest[1..] } else { rest };
     for &id in rest.iter().take(MAX_GROUP) {
         if marks[id as usize] & RAN != 0 {
             break;
@@ -151,6 +170,16 @@ pub(super) fn plan_group(
     if members.len() < 2 || !constants_fit {
         return None;
     }
+    // A head is worth its kernel only with an epilogue that reads it.
+    if let Some(h) = head {
+        let read = members[1..].iter().any(|&m| {
+            let node = &state.nodes[m as usize];
+            SlabRange::of(&state.input_slab, node.inputs).contains(&h)
+        });
+        if !read {
+            return None;
+        }
+    }
     // Consumers inside the group, per member (members are sorted by id).
     let mut internal = vec![0u32; members.len()];
     for &m in &members {
@@ -180,6 +209,8 @@ pub(super) struct Prepared {
     pub group: Group,
     pub ops: Vec<FusedOp>,
     pub input_nodes: Vec<NodeId>,
+    /// The operands of the group's head (member 0), when it has one.
+    pub head: Option<[NodeId; 2]>,
     /// Set when the plan is cached: the backend may keep its own plan of
     /// this group's kernel under this id (see `FusedCall::plan_id`).
     pub plan_id: Option<u64>,
@@ -189,8 +220,16 @@ pub(super) fn prepare(state: &GraphState, group: Group) -> Prepared {
     let mut input_nodes: Vec<NodeId> = Vec::new();
     let mut input_index: std::collections::HashMap<NodeId, u16> = std::collections::HashMap::new();
     let mut ops: Vec<FusedOp> = Vec::with_capacity(group.members.len());
+    let mut head = None;
     for &m in &group.members {
         let node = &state.nodes[m as usize];
+        if let Op::MatMul { .. } = node.op {
+            // Only a head (member 0) is a product; its operands are its own.
+            let operands = SlabRange::of(&state.input_slab, node.inputs);
+            head = Some([operands[0], operands[1]]);
+            ops.push(FusedOp { op: node.op, args: [FusedArg::Input(0); 3], arity: 0, dtype: node.dtype });
+            continue;
+        }
         let mut args = [FusedArg::Input(0); 3];
         let operands = SlabRange::of(&state.input_slab, node.inputs);
         for (slot, &i) in args.iter_mut().zip(operands) {
@@ -204,7 +243,7 @@ pub(super) fn prepare(state: &GraphState, group: Group) -> Prepared {
         }
         ops.push(FusedOp { op: node.op, args, arity: operands.len() as u8, dtype: node.dtype });
     }
-    Prepared { group, ops, input_nodes, plan_id: None }
+    Prepared { group, ops, input_nodes, head, plan_id: None }
 }
 
 /// Run a prepared group as one fused kernel, record the kept values and
@@ -243,6 +282,17 @@ pub(super) fn run_group(
                 };
                 inputs.push(TensorRef { buffer, dims: dims_of(state, i), dtype: state.nodes[i as usize].dtype });
             }
+            let tensor = |i: NodeId| -> Result<TensorRef<'_>> {
+                let buffer = state.values[i as usize]
+                    .ok_or_else(|| Error::backend("fused", format!("operand node {i} has no value")))?;
+                Ok(TensorRef { buffer, dims: dims_of(state, i), dtype: state.nodes[i as usize].dtype })
+            };
+            let head = match (prepared.head, state.nodes[group.members[0] as usize].op) {
+                (Some([a, b]), Op::MatMul { transpose_a, transpose_b }) => {
+                    Some(FusedMatMul { transpose_a, transpose_b, a: tensor(a)?, b: tensor(b)? })
+                }
+                _ => None,
+            };
             let outputs: Vec<(u16, TensorRef<'_>)> = buffers
                 .iter()
                 .map(|&(k, m, buffer)| {
@@ -256,6 +306,7 @@ pub(super) fn run_group(
                 inputs: &inputs,
                 outputs: &outputs,
                 plan_id: prepared.plan_id,
+                head,
             })
         })();
         if let Err(e) = result {

@@ -624,7 +624,8 @@ mod tests {
                 let out = TensorRef { buffer: BufferId(9), dims: full, dtype };
                 let flag = TensorRef { buffer: BufferId(10), dims: one, dtype: DType::Bool };
                 let outputs = [(4u16, TensorRef { dtype: DType::Bool, ..out }), (6, out), (7, flag)];
-                let call = FusedCall { dims: &dims, ops: &ops, inputs: &inputs, outputs: &outputs, plan_id: None };
+                let call =
+                    FusedCall { dims: &dims, ops: &ops, inputs: &inputs, outputs: &outputs, plan_id: None, head: None };
                 let (src, reads, consts) = generate(&call, t, 0, ops.len(), &[4, 6, 7], 24);
                 validate(&src);
                 assert_eq!(reads.len(), 4, "every input bound once");
