@@ -47,6 +47,9 @@ pub struct ExecStats {
     pub fused_groups: usize,
     /// Nodes computed inside those groups.
     pub fused_nodes: usize,
+    /// Of those groups, the ones headed by a matrix product: its epilogue
+    /// (bias, activation...) fused into it.
+    pub fused_products: usize,
 }
 
 /// Counters of the pool: the executor tests read these to prove that buffers
@@ -216,11 +219,12 @@ impl Device {
     }
 
     /// Count one fused group of `nodes` nodes (one kernel).
-    pub(crate) fn count_fused(&self, nodes: usize) {
+    pub(crate) fn count_fused(&self, nodes: usize, product: bool) {
         let mut s = self.0.exec.get();
         s.kernels += 1;
         s.fused_groups += 1;
         s.fused_nodes += nodes;
+        s.fused_products += product as usize;
         self.0.exec.set(s);
     }
 

@@ -299,7 +299,7 @@ pub(super) fn run_group(
                     (k, TensorRef { buffer, dims: dims_of(state, m), dtype: state.nodes[m as usize].dtype })
                 })
                 .collect();
-            device.count_fused(group.members.len());
+            device.count_fused(group.members.len(), prepared.head.is_some());
             backend.run_fused(&FusedCall {
                 dims: &group.dims,
                 ops: &prepared.ops,

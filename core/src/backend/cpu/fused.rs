@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use super::layout::broadcast_to;
 use super::scalar::Scalar;
-use super::{with_num, CpuBackend, CpuStorage};
+use super::{with_float, with_num, CpuBackend, CpuStorage};
 use crate::backend::{FusedArg, FusedCall, TensorRef};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -23,6 +23,8 @@ use crate::op::expr::compare as compare_values;
 use crate::op::{with_binary, with_compare, with_unary};
 use crate::op::{CompareOp, Expr, Op, Value};
 use crate::shape::Dims;
+
+mod head;
 
 const NAME: &str = "fused";
 /// Elements per tile: the tiles of a group's live values stay in L1.
@@ -82,6 +84,10 @@ pub(super) struct Plan {
     b_tiles: usize,
     /// Work per element (sum of the ops' costs).
     weight: usize,
+    /// With a head: the index into the call's outputs of the product when
+    /// it is kept (the product is written there directly). The product is
+    /// read as input `inputs.len()` (contiguous).
+    head_output: Option<Option<usize>>,
 }
 
 fn bad(message: impl Into<String>) -> Error {
@@ -120,6 +126,11 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
         reads.push(read);
         input_locs.push(loc);
     }
+    // The head's product is one more contiguous input.
+    let head_loc = call.head.map(|_| {
+        reads.push(Read::Contiguous);
+        Loc::Input(call.inputs.len())
+    });
     // Last reader of every op's value, to reuse its slot after it.
     let ops = call.ops;
     let mut last_use: Vec<usize> = (0..ops.len()).collect();
@@ -153,6 +164,19 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
         let is_bool = op.dtype == DType::Bool;
         if !is_bool && op.dtype != value {
             return Err(bad(format!("op {i} makes {} in a group of {value}", op.dtype)));
+        }
+        if let Op::MatMul { .. } = op.op {
+            // Only op 0 of a group with a head, without operands.
+            match head_loc {
+                Some(loc) if i == 0 && op.args().is_empty() => {
+                    locs.push(loc);
+                    continue;
+                }
+                _ => return Err(bad(format!("op {i} is a MatMul that is not the group's head"))),
+            }
+        }
+        if head_loc.is_some() && i == 0 {
+            return Err(bad("op 0 of a group with a head must be its MatMul"));
         }
         let loc_of = |a: &FusedArg| match *a {
             FusedArg::Input(k) => input_locs[k as usize],
@@ -264,7 +288,8 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
         locs.push(dst);
         steps.push(Step { kind, args, dst, output: outputs[i], fill: true });
     }
-    Ok(Plan { steps, reads, t_tiles, b_tiles, weight: weight.max(1) })
+    let head_output = head_loc.map(|_| outputs[0]);
+    Ok(Plan { steps, reads, t_tiles, b_tiles, weight: weight.max(1), head_output })
 }
 
 /// A kept value's destination, typed.
@@ -278,10 +303,27 @@ enum OutSlice<'a, T> {
 enum InSlice<'a, T> {
     T(&'a [T]),
     B(&'a [u8]),
+    /// The elements from flat index `.1` on (a row of a product's block).
+    Rel(&'a [T], usize),
 }
 
 pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
     let value = call.value_dtype().ok_or_else(|| bad("a group without a value of a numeric dtype"))?;
+    // A product with its epilogue: fused when it runs as column blocks,
+    // else the product and then the epilogue as a group of its own.
+    let blocked = match &call.head {
+        Some(h) if matches!(value, DType::F32 | DType::F64) => {
+            let blocked =
+                super::matmul::Blocked::of(h.transpose_a, h.transpose_b, h.a.dims, h.b.dims, call.dims, be.portable)
+                    .map_err(|e| e.for_op("MatMul"))?;
+            match blocked {
+                Some(b) => Some((h, b)),
+                None => return crate::backend::run_head_split(be, call),
+            }
+        }
+        Some(_) => return Err(super::unsupported_dtype("MatMul", value)),
+        None => None,
+    };
     let plan = match call.plan_id {
         Some(id) => {
             let cached = be.fused_plans.0.borrow().get(&id).cloned();
@@ -329,6 +371,19 @@ pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
             }
             for (t, s) in &taken {
                 CpuBackend::check(NAME, t, s)?;
+            }
+            if let Some((h, blocked)) = &blocked {
+                let mut operands: SmallVec<[&CpuStorage; 2]> = SmallVec::new();
+                for t in [&h.a, &h.b] {
+                    let s = slab
+                        .get(t.buffer.0 as usize)
+                        .and_then(Option::as_ref)
+                        .ok_or_else(|| CpuBackend::missing("MatMul", t.buffer))?;
+                    CpuBackend::check("MatMul", t, s)?;
+                    operands.push(s);
+                }
+                let operands = [operands[0], operands[1]];
+                return with_float!(value, NAME, T => head::eval::<T>(call, h, blocked, plan, &ins, operands, &mut taken));
             }
             with_num!(value, NAME, T => eval::<T>(call, plan, &ins, &mut taken))
         })();
@@ -472,7 +527,13 @@ fn eval_chunk<T: Scalar + Value>(
     let tile = TILE.min(end - start);
     let mut t: Tiles<T> = Tiles::new(plan.t_tiles, tile);
     let mut b: Tiles<u8> = Tiles::new(plan.b_tiles, tile);
-    // Once per chunk: one-element inputs and constants fill their tiles.
+    fill_constants(plan, inputs, &mut t, &mut b);
+    eval_range(dims, plan, &mut t, &mut b, inputs, outs, start, end);
+}
+
+/// Once per chunk: one-element inputs and constants fill their tiles.
+#[inline(always)]
+fn fill_constants<T: Scalar + Value>(plan: &Plan, inputs: &[InSlice<'_, T>], t: &mut Tiles<T>, b: &mut Tiles<u8>) {
     for (read, input) in plan.reads.iter().zip(inputs) {
         if let Read::Splat(loc) = read {
             match (*loc, *input) {
@@ -491,6 +552,23 @@ fn eval_chunk<T: Scalar + Value>(
             }
         }
     }
+}
+
+/// Elements `start..end` of the group, a tile at a time; `outs` hold the
+/// kept values' elements from `start` on.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn eval_range<T: Scalar + Value>(
+    dims: &[usize],
+    plan: &Plan,
+    t: &mut Tiles<T>,
+    b: &mut Tiles<u8>,
+    inputs: &[InSlice<'_, T>],
+    outs: &mut [Option<OutSlice<'_, T>>],
+    start: usize,
+    end: usize,
+) {
+    let tile = t.tile.max(b.tile);
     let mut s = start;
     while s < end {
         let len = tile.min(end - s);
@@ -504,7 +582,7 @@ fn eval_chunk<T: Scalar + Value>(
             }
         }
         for step in &plan.steps {
-            run_step(step, &mut t, &mut b, inputs, s, len);
+            run_step(step, t, b, inputs, s, len);
             if let Some(o) = step.output {
                 let local = s - start;
                 match (outs[o].as_mut(), step.dst) {
@@ -694,6 +772,7 @@ fn t_src<'a, T: Copy>(t: &View<'a, T>, inputs: &[InSlice<'a, T>], loc: Loc, s: u
         Loc::T(i) => &t.get(i)[..len],
         Loc::Input(k) => match inputs[k] {
             InSlice::T(v) => &v[s..s + len],
+            InSlice::Rel(v, base) => &v[s - base..s - base + len],
             InSlice::B(_) => unreachable!("plan checked operand kinds"),
         },
         Loc::B(_) => unreachable!("plan checked operand kinds"),
@@ -705,7 +784,7 @@ fn b_src<'a, T: Copy>(b: &View<'a, u8>, inputs: &[InSlice<'a, T>], loc: Loc, s: 
         Loc::B(i) => &b.get(i)[..len],
         Loc::Input(k) => match inputs[k] {
             InSlice::B(v) => &v[s..s + len],
-            InSlice::T(_) => unreachable!("plan checked operand kinds"),
+            InSlice::T(_) | InSlice::Rel(..) => unreachable!("plan checked operand kinds"),
         },
         Loc::T(_) => unreachable!("plan checked operand kinds"),
     }

@@ -239,12 +239,56 @@ impl<T> Shared<T> {
 /// a single-threaded gemm call, on rayon's threads unless `par` is None.
 /// The blocks are the same whatever the parallelism, so the bits are too.
 fn gemm_blocks<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], width: usize, par: Parallelism) {
-    let n = b.cols;
-    if width >= n {
+    if width >= b.cols {
         // SAFETY: see `gemm_block`; the one block is the whole product.
-        unsafe { gemm_block(a, b, lhs.as_ptr(), rhs.as_ptr(), dst.as_mut_ptr(), n, 0, n, par) };
+        unsafe { gemm_block(a, b, lhs.as_ptr(), rhs.as_ptr(), dst.as_mut_ptr(), b.cols, 0, b.cols, par) };
         return;
     }
+    gemm_blocks_then(a, b, lhs, rhs, dst, width, par, &|_| {});
+}
+
+/// Columns `j0..j0 + cols` of a product just computed by the task that
+/// holds this: a matmul epilogue reads them while they are in cache.
+pub(super) struct Block<'a, T> {
+    ptr: Shared<T>,
+    n: usize,
+    rows: usize,
+    pub j0: usize,
+    pub cols: usize,
+    _product: std::marker::PhantomData<&'a [T]>,
+}
+
+impl<T> Block<'_, T> {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Row `i` of the block: elements `i * n + j0 ..` of the product.
+    pub fn row(&self, i: usize) -> &[T] {
+        assert!(i < self.rows, "row {i} of a block of {} rows", self.rows);
+        // SAFETY: the product has rows * n elements and j0 + cols <= n, so
+        // the range is inside it; this task's gemm call wrote these elements
+        // before the block was made (same thread), and no task writes them
+        // again while the scope lasts (blocks own disjoint columns). The
+        // borrow cannot outlive the block, which lives inside the scope.
+        unsafe { std::slice::from_raw_parts(self.ptr.0.add(i * self.n + self.j0), self.cols) }
+    }
+}
+
+/// `gemm_blocks` calling `then` with each block right after computing it,
+/// on the same thread (so a fused epilogue reads the block from cache).
+#[allow(clippy::too_many_arguments)]
+fn gemm_blocks_then<T: Float>(
+    a: &Mat,
+    b: &Mat,
+    lhs: &[T],
+    rhs: &[T],
+    dst: &mut [T],
+    width: usize,
+    par: Parallelism,
+    then: &(dyn Fn(Block<'_, T>) + Sync),
+) {
+    let (m, n) = (a.rows, b.cols);
+    assert!(dst.len() == m * n && width > 0, "gemm_blocks: {} outputs for {m} x {n}", dst.len());
     let (l, r, d) = (Shared(lhs.as_ptr() as *mut T), Shared(rhs.as_ptr() as *mut T), Shared(dst.as_mut_ptr()));
     let block = move |j0: usize| {
         let cols = width.min(n - j0);
@@ -256,11 +300,12 @@ fn gemm_blocks<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], 
             // SAFETY: see `gemm_block`: copy spans bc.span() = k·cols; the
             // destination is columns j0..j0 + cols of dst as below.
             unsafe { gemm_block(a, &bc, l.ptr(), copy.as_ptr(), d.ptr().add(j0), n, 0, cols, Parallelism::None) };
-            return;
+        } else {
+            // SAFETY: see `gemm_block`: columns j0..j0 + cols of b and dst,
+            // j0 + cols <= n; blocks of different j0 write disjoint columns.
+            unsafe { gemm_block(a, b, l.ptr(), r.ptr(), d.ptr(), n, j0, cols, Parallelism::None) };
         }
-        // SAFETY: see `gemm_block`: columns j0..j0 + cols of b and dst,
-        // j0 + cols <= n; blocks of different j0 write disjoint columns.
-        unsafe { gemm_block(a, b, l.ptr(), r.ptr(), d.ptr(), n, j0, cols, Parallelism::None) };
+        then(Block { ptr: d, n, rows: m, j0, cols, _product: std::marker::PhantomData });
     };
     #[cfg(feature = "rayon")]
     if !matches!(par, Parallelism::None) {
@@ -273,6 +318,67 @@ fn gemm_blocks<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], 
     }
     let _ = par;
     (0..n).step_by(width).for_each(block);
+}
+
+/// A product that runs as column blocks, with its epilogue applied to each
+/// block as it is computed (`run_blocks`): one 2-D GEMM (no batch, or a
+/// batch folded into the rows), K in one chunk, in the blocked size range,
+/// native numerics. Exactly the blocks, gemm calls and bits of the plain
+/// product (`batched` → `gemm_chunk` → `gemm_blocks`).
+pub(super) struct Blocked {
+    a: Mat,
+    b: Mat,
+    width: usize,
+}
+
+impl Blocked {
+    pub(super) fn of(
+        ta: bool,
+        tb: bool,
+        ad: &[usize],
+        bd: &[usize],
+        od: &[usize],
+        portable: bool,
+    ) -> Result<Option<Blocked>> {
+        let g = MatMulGeometry::new(ta, tb, ad, bd, od)?;
+        let (m, k, n) = (g.m, g.k, g.n);
+        let batches = g.batches();
+        let a = if batches == 1 {
+            g.a
+        } else if !ta && g.b_batch_strides.iter().all(|&s| s == 0) && work(ad) == batches * m * k {
+            Mat { rows: batches * m, ..g.a }
+        } else {
+            return Ok(None);
+        };
+        let rows = a.rows;
+        if portable || k == 0 || k > K_CHUNK || work(&[rows, n, k]) <= SMALL_GEMM_WORK || cfg!(target_arch = "wasm32") {
+            return Ok(None);
+        }
+        let blocks = column_blocks(rows, n, k);
+        let width = n.div_ceil(blocks).next_multiple_of(16).min(n);
+        if blocks <= 1 || width >= n {
+            return Ok(None);
+        }
+        Ok(Some(Blocked { a, b: g.b, width }))
+    }
+
+    /// dst = the product, each column block handed to `then` on the thread
+    /// that computed it, once computed.
+    pub(super) fn run_blocks<T: Float>(
+        &self,
+        lhs: &[T],
+        rhs: &[T],
+        dst: &mut [T],
+        then: &(dyn Fn(Block<'_, T>) + Sync),
+    ) -> Result<()> {
+        let (a, b) = (&self.a, &self.b);
+        if dst.len() != a.rows * b.cols || lhs.len() < a.span() || rhs.len() < b.span() {
+            return Err(Error::backend("MatMul", "operand buffers are smaller than their shapes"));
+        }
+        let par = parallelism(work(&[a.rows, b.cols, a.cols]));
+        gemm_blocks_then(a, b, lhs, rhs, dst, self.width, par, then);
+        Ok(())
+    }
 }
 
 /// Whether b is stored column by column (a transposed weight, x·Wᵀ) with a

@@ -590,6 +590,12 @@ impl Backend for CpuBackend {
         fused::run(self, call)
     }
 
+    /// Products with their epilogue (`fused::head`), where groups fuse.
+    #[cfg(feature = "fusion")]
+    fn fuses_matmul(&self, dtype: DType) -> bool {
+        !self.portable && matches!(dtype, DType::F32 | DType::F64)
+    }
+
     fn update_param(
         &self,
         upd: &ParamUpdate,

@@ -481,7 +481,9 @@ mod tests {
             for n in [5, 300_001] {
                 let vals = |seed: u32| -> HostData {
                     HostData::F32(
-                        (0..n).map(|i| ((i as u32 * 2654435761 ^ seed) % 1000) as f32 / 500.0 - 1.0).collect(),
+                        (0..n)
+                            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+                            .collect(),
                     )
                 };
                 let up = |v: &HostData| {

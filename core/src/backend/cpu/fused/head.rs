@@ -1,0 +1,167 @@
+//! Groups headed by a matrix product (matmul epilogue fusion): the product
+//! runs as the plain product's column blocks (`matmul::Blocked`), and each
+//! block's epilogue (bias, activation, scale...) runs on the thread that
+//! computed it, row by row, while the block is in cache. The product is
+//! written to memory only when it is kept; otherwise it lives in a scratch
+//! buffer that only cache lines see. The same gemm calls and per-element
+//! functions as unfused, so the same bits.
+
+use smallvec::SmallVec;
+
+use super::super::matmul::{Block, Blocked};
+use super::super::scalar::{Float, Scalar};
+use super::super::CpuStorage;
+use super::{bad, eval_range, fill_constants, InSlice, Kind, OutSlice, Plan, Tiles, TILE};
+use crate::backend::{FusedCall, FusedMatMul, TensorRef};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::op::Value;
+
+/// A kept value's buffer, written by several column blocks at once.
+#[derive(Clone, Copy)]
+enum Shared<T> {
+    /// Not written by the blocks (a constant, written whole, or the
+    /// product itself).
+    None,
+    T(*mut T, usize),
+    B(*mut u8, usize),
+}
+
+// SAFETY: the pointers come from unique borrows of the outputs that outlive
+// the blocks' scope and are not otherwise used while it runs; the blocks
+// write disjoint elements through them (`segment`).
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// Elements `start..start + len` as an output slice.
+    ///
+    /// # Safety
+    /// No other live slice from this buffer overlaps the range: each block
+    /// asks for its own columns of its own rows only.
+    unsafe fn segment<'a>(self, start: usize, len: usize) -> Option<OutSlice<'a, T>> {
+        match self {
+            Shared::None => None,
+            Shared::T(p, n) => {
+                assert!(start + len <= n, "segment {start}+{len} of {n}");
+                Some(OutSlice::T(std::slice::from_raw_parts_mut(p.add(start), len)))
+            }
+            Shared::B(p, n) => {
+                assert!(start + len <= n, "segment {start}+{len} of {n}");
+                Some(OutSlice::B(std::slice::from_raw_parts_mut(p.add(start), len)))
+            }
+        }
+    }
+}
+
+pub(super) fn eval<T: Float + Scalar + Value>(
+    call: &FusedCall<'_>,
+    head: &FusedMatMul<'_>,
+    blocked: &Blocked,
+    plan: &Plan,
+    ins: &[&CpuStorage],
+    [sa, sb]: [&CpuStorage; 2],
+    outs: &mut [(TensorRef<'_>, CpuStorage)],
+) -> Result<()> {
+    let n: usize = call.dims.iter().product();
+    let cols = *call.dims.last().ok_or_else(|| bad("a product with no axes"))?;
+    let lhs = T::of(sa).and_then(|v| v.get(..head.a.numel())).ok_or_else(|| bad("left operand of the wrong dtype"))?;
+    let rhs = T::of(sb).and_then(|v| v.get(..head.b.numel())).ok_or_else(|| bad("right operand of the wrong dtype"))?;
+    let mut inputs: SmallVec<[InSlice<'_, T>; 8]> = SmallVec::new();
+    for (t, s) in call.inputs.iter().zip(ins) {
+        let numel = t.numel();
+        inputs.push(if t.dtype == DType::Bool {
+            InSlice::B(u8::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input is not bool"))?)
+        } else {
+            InSlice::T(T::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input of the wrong dtype"))?)
+        });
+    }
+    let head_output = plan.head_output.flatten();
+    // Constants kept are written whole; the product goes to its own output
+    // when kept, else to scratch; the others are written block by block.
+    let mut constant = vec![None; outs.len()];
+    for step in &plan.steps {
+        if let (Kind::Const(v), Some(o)) = (step.kind, step.output) {
+            constant[o] = Some(v);
+        }
+    }
+    let mut scratch: Vec<T>;
+    let mut product: Option<&mut [T]> = None;
+    let mut shared: SmallVec<[Shared<T>; 8]> = SmallVec::new();
+    for (o, (t, s)) in outs.iter_mut().enumerate() {
+        let numel = t.numel();
+        if t.dtype == DType::Bool {
+            let v = u8::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output is not bool"))?;
+            match constant[o] {
+                Some(c) => {
+                    v.fill(u8::from_f64(c));
+                    shared.push(Shared::None);
+                }
+                None => shared.push(Shared::B(v.as_mut_ptr(), v.len())),
+            }
+            continue;
+        }
+        let v = T::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output of the wrong dtype"))?;
+        if let Some(c) = constant[o] {
+            v.fill(T::from_f64(c));
+            shared.push(Shared::None);
+        } else if Some(o) == head_output {
+            product = Some(v);
+            shared.push(Shared::None);
+        } else {
+            shared.push(Shared::T(v.as_mut_ptr(), v.len()));
+        }
+    }
+    let product = match product {
+        Some(p) => p,
+        None => {
+            scratch = crate::memory::try_vec("MatMul", n, T::ZERO)?;
+            &mut scratch[..]
+        }
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    let head_input = call.inputs.len();
+    inputs.push(InSlice::Rel(&[], 0));
+    let (inputs, shared) = (&inputs[..], &shared[..]);
+    blocked.run_blocks(lhs, rhs, product, &|block| {
+        super::super::simd::dispatch(Epilogue { dims: call.dims, plan, inputs, shared, head_input, cols, block });
+    })
+}
+
+/// One block's epilogue, to run with the widest vectors the CPU has.
+struct Epilogue<'a, 'i, T> {
+    dims: &'a [usize],
+    plan: &'a Plan,
+    inputs: &'a [InSlice<'i, T>],
+    shared: &'a [Shared<T>],
+    head_input: usize,
+    /// The product's columns (its row stride).
+    cols: usize,
+    block: Block<'a, T>,
+}
+
+impl<T: Float + Scalar + Value> super::super::simd::Kernel for Epilogue<'_, '_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let Epilogue { dims, plan, inputs, shared, head_input, cols, block } = self;
+        let tile = TILE.min(block.cols);
+        let mut t: Tiles<T> = Tiles::new(plan.t_tiles, tile);
+        let mut b: Tiles<u8> = Tiles::new(plan.b_tiles, tile);
+        fill_constants(plan, inputs, &mut t, &mut b);
+        let mut row_inputs: SmallVec<[InSlice<'_, T>; 8]> = SmallVec::from_slice(inputs);
+        for i in 0..block.rows() {
+            let start = i * cols + block.j0;
+            row_inputs[head_input] = InSlice::Rel(block.row(i), start);
+            // SAFETY: this block owns columns j0..j0 + cols of every row of
+            // the product, so elements start..start + cols of each output
+            // (the same flat indices) are written by this block alone, and
+            // the slices die before the next row's are made.
+            let mut outs: SmallVec<[Option<OutSlice<'_, T>>; 8]> =
+                shared.iter().map(|s| unsafe { s.segment(start, block.cols) }).collect();
+            eval_range(dims, plan, &mut t, &mut b, &row_inputs, &mut outs, start, start + block.cols);
+        }
+    }
+}
