@@ -47,6 +47,13 @@ pub struct WgpuOptions {
     /// bits where the adapter rounds every op. `KILN_GROUPED_UPDATE=1` or
     /// `=0` sets it from the environment when it is `None`.
     pub grouped_optimizer_update: Option<bool>,
+    /// Whether a matrix product and the element-wise ops reading it (bias,
+    /// activation) run as one generated kernel (`Backend::fuses_matmul`,
+    /// native only) or as the product's kernel and a fused element-wise
+    /// kernel. `None` (the default) fuses them. The same bits either way
+    /// where the adapter rounds every op. `KILN_FUSE_MATMUL=1` or `=0`
+    /// sets it from the environment when it is `None`.
+    pub fuse_matmul_epilogue: Option<bool>,
 }
 
 impl Default for WgpuOptions {
@@ -61,6 +68,7 @@ impl Default for WgpuOptions {
             max_storage_buffers_per_shader_stage: None,
             max_fused_ops: None,
             grouped_optimizer_update: None,
+            fuse_matmul_epilogue: None,
         }
     }
 }

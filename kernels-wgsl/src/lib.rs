@@ -123,6 +123,10 @@ pub struct WgpuBackend {
     /// (`WgpuOptions::grouped_optimizer_update`).
     #[cfg(not(target_arch = "wasm32"))]
     grouped_update: bool,
+    /// Products fused with their element-wise consumers
+    /// (`WgpuOptions::fuse_matmul_epilogue`).
+    #[cfg(not(target_arch = "wasm32"))]
+    fuse_matmul: bool,
 }
 
 /// `KILN_GROUPED_UPDATE=1` / `=0`: group optimizer updates or not, whatever
@@ -131,6 +135,17 @@ pub struct WgpuBackend {
 #[cfg(not(target_arch = "wasm32"))]
 fn grouped_update_from_env() -> Option<bool> {
     match std::env::var("KILN_GROUPED_UPDATE").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
+/// `KILN_FUSE_MATMUL=1` / `=0`: fuse matmul epilogues or not (for
+/// measurements; `WgpuOptions::fuse_matmul_epilogue` wins when set).
+#[cfg(not(target_arch = "wasm32"))]
+fn fuse_matmul_from_env() -> Option<bool> {
+    match std::env::var("KILN_FUSE_MATMUL").as_deref() {
         Ok("1") => Some(true),
         Ok("0") => Some(false),
         _ => None,
@@ -171,6 +186,8 @@ impl WgpuBackend {
             max_fused_ops: options.max_fused_ops.unwrap_or(kernels::fused::MAX_OPS),
             #[cfg(not(target_arch = "wasm32"))]
             grouped_update: options.grouped_optimizer_update.or_else(grouped_update_from_env).unwrap_or(hardware),
+            #[cfg(not(target_arch = "wasm32"))]
+            fuse_matmul: options.fuse_matmul_epilogue.or_else(fuse_matmul_from_env).unwrap_or(true),
         })
     }
 
@@ -524,6 +541,15 @@ impl Backend for WgpuBackend {
     /// build leaves them out for its size budget).
     fn fuses(&self) -> bool {
         cfg!(not(target_arch = "wasm32"))
+    }
+
+    /// Natively, f32 products run with their element-wise consumers as one
+    /// generated kernel (kernels/fused/head.rs) unless
+    /// `WgpuOptions::fuse_matmul_epilogue` says no; not in the browser,
+    /// which does not fuse (the trait's default).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn fuses_matmul(&self, dtype: DType) -> bool {
+        self.fuse_matmul && dtype == DType::F32
     }
 
     #[cfg(not(target_arch = "wasm32"))]

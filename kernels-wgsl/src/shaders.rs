@@ -173,6 +173,12 @@ pub enum Kernel {
     Fused {
         ops: u32,
     },
+    /// A matrix product whose stores apply a fused group's `ops`
+    /// (kernels/fused/head.rs; the matmul kernel it was generated from).
+    FusedMatMul {
+        kernel: crate::kernels::matmul_tune::MatMulKernel,
+        ops: u32,
+    },
 }
 
 impl Kernel {
@@ -275,7 +281,7 @@ impl Kernel {
             #[cfg(not(target_arch = "wasm32"))]
             Kernel::Norm => NORM.to_string(),
             Kernel::Custom(_) => unreachable!("handled above"),
-            Kernel::Fused { .. } => return None,
+            Kernel::Fused { .. } | Kernel::FusedMatMul { .. } => return None,
         };
         Some(format!("{COMMON}\n{body}"))
     }

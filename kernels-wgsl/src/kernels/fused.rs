@@ -34,6 +34,8 @@ use kiln_core::op::Op;
 use kiln_core::{DType, Error, Result};
 
 use super::{ty, unsupported_dtype};
+
+mod head;
 use crate::geometry::{collapse, word};
 use crate::pipelines::Pipeline;
 use crate::shaders::{self, Kernel, Ty, MAX_DIMS};
@@ -94,6 +96,10 @@ pub(crate) struct FusedCache {
     /// Multi-tensor optimizer kernels (`update::update_many`) by the kind
     /// of each tensor's update, which fixes their text.
     updates: HashMap<Vec<u8>, Rc<Pipeline>>,
+    /// Groups headed by a product (`head`): their epilogues by plan id, and
+    /// the generated kernels by (matmul module, entry point, epilogue text).
+    head_plans: HashMap<u64, Rc<head::Epilogue>>,
+    head_pipelines: HashMap<(Kernel, &'static str, String), Rc<Pipeline>>,
 }
 
 /// Scratch kept for reuse at most: buffers, and their bytes.
@@ -105,6 +111,9 @@ fn bad(message: impl Into<String>) -> Error {
 }
 
 pub(crate) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
+    if call.head.is_some() {
+        return head::run(be, call);
+    }
     let value = call.value_dtype().ok_or_else(|| bad("a group without a value of a numeric dtype"))?;
     if value == DType::F64 {
         return Err(crate::buffers::f64_refused(OP));
@@ -175,7 +184,7 @@ pub(crate) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
                 let t = buffer_of(k)?;
                 args.push(((seg.reads.len() + w) as u32 + 1, Arg::output(&t)));
             }
-            let params = params(call, seg, &strides, n)?;
+            let params = params(call, &seg.consts, &strides, n)?;
             be.launch_pipeline(
                 OP,
                 Kernel::Fused { ops: seg.ops },
@@ -200,7 +209,7 @@ pub(crate) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
 }
 
 /// The parameter words of a segment (layout: `Params` in `source`).
-fn params(call: &FusedCall<'_>, seg: &Segment, strides: &[Vec<usize>], n: usize) -> Result<Vec<u32>> {
+fn params(call: &FusedCall<'_>, consts: &[usize], strides: &[Vec<usize>], n: usize) -> Result<Vec<u32>> {
     let refs: Vec<&[usize]> = strides.iter().map(Vec::as_slice).collect();
     let (dims, cs) = collapse(call.dims, &refs);
     if dims.len() > MAX_DIMS {
@@ -220,7 +229,7 @@ fn params(call: &FusedCall<'_>, seg: &Segment, strides: &[Vec<usize>], n: usize)
             words[2 + MAX_DIMS * (1 + j) + d] = word(OP, v)?;
         }
     }
-    for &k in &seg.consts {
+    for &k in consts {
         let op = &call.ops[k];
         let Op::Full(v) = op.op else { return Err(bad(format!("op {k} is not a constant"))) };
         // The bits fill.wgsl writes (`elementwise::full`).
@@ -399,6 +408,8 @@ struct Gen<'c, 'a> {
     read_lines: String,
     body: String,
     broadcast: usize,
+    /// The prefix of the read bindings' names.
+    binding: &'static str,
 }
 
 impl Gen<'_, '_> {
@@ -440,7 +451,7 @@ impl Gen<'_, '_> {
                 format!("o{}", self.broadcast - 1)
             }
         };
-        let _ = writeln!(self.read_lines, "    let r{r} = b{r}[{index}];");
+        let _ = writeln!(self.read_lines, "    let r{r} = {}{r}[{index}];", self.binding);
         format!("r{r}")
     }
 }
@@ -469,6 +480,7 @@ fn generate(
         read_lines: String::new(),
         body: String::new(),
         broadcast: 0,
+        binding: "b",
     };
     let mut count = 0usize;
     for (k, op) in ops.iter().enumerate().take(e).skip(s) {

@@ -33,20 +33,35 @@ pub(crate) const SCRATCH_BYTES: u64 = 64 << 20;
 /// the product's kernels).
 pub(crate) const SCRATCH_BYTES_DISCRETE: u64 = 256 << 20;
 
-pub(crate) fn matmul(
+/// A product's launch as `matmul` prepares it: the parameters (single
+/// chunk and first dispatch fields still to set), the tuner's kernel, its
+/// grid along x and y, the batches (along z) and the K chunks.
+pub(crate) struct Launch {
+    pub params: MatMul,
+    pub kernel: MatMulKernel,
+    pub grid: (u32, u32),
+    pub batches: usize,
+    pub chunks: usize,
+}
+
+/// Check a product and prepare its launch; None when it has no outputs.
+/// Shared by `matmul` and the fused epilogue kernel (kernels/fused/head.rs),
+/// so that both run the same kernel on the same parameters.
+pub(crate) fn prepare(
     be: &WgpuBackend,
     ta: bool,
     tb: bool,
     [a, b]: &[TensorRef<'_>; 2],
-    out: &TensorRef<'_>,
-) -> Result<()> {
-    if a.dtype != out.dtype || b.dtype != out.dtype {
+    out_dims: &[usize],
+    out_dtype: DType,
+) -> Result<Option<Launch>> {
+    if a.dtype != out_dtype || b.dtype != out_dtype {
         return Err(Error::backend(OP, "operand dtypes differ from the output's"));
     }
-    if out.dtype != DType::F32 {
-        return Err(unsupported_dtype(OP, out.dtype));
+    if out_dtype != DType::F32 {
+        return Err(unsupported_dtype(OP, out_dtype));
     }
-    let g = MatMulGeometry::new(ta, tb, a.dims, b.dims, out.dims)?;
+    let g = MatMulGeometry::new(ta, tb, a.dims, b.dims, out_dims)?;
     let (mut m, k, n) = (g.m, g.k, g.n);
     let (ma, mb, bo, sa, sb) = (g.a, g.b, g.batch, &g.a_batch_strides, &g.b_batch_strides);
     // Batch axes that are broadcast in both operands need no unravelling
@@ -68,12 +83,12 @@ pub(crate) fn matmul(
     if cd.len() > MAX_DIMS {
         return Err(Error::unsupported(
             OP,
-            format!("more than {MAX_DIMS} unmergeable batch axes in {}", fmt_dims(out.dims)),
+            format!("more than {MAX_DIMS} unmergeable batch axes in {}", fmt_dims(out_dims)),
         ));
     }
     let batches: usize = cd.iter().product();
-    if out.numel() == 0 {
-        return Ok(());
+    if out_dims.iter().product::<usize>() == 0 {
+        return Ok(None);
     }
     let mut params = MatMul {
         m: word(OP, m)?,
@@ -93,10 +108,20 @@ pub(crate) fn matmul(
     }
     let kernel = be.matmul_tuner().choose(be, &params, batches)?;
     let (gx, gy) = kernel.grid(m, n);
-    let (gx, gy) = (word(OP, gx)?, word(OP, gy)?);
-    let max_z = be.ctx().limits.max_compute_workgroups_per_dimension.max(1) as usize;
+    let grid = (word(OP, gx)?, word(OP, gy)?);
     let chunks = k.div_ceil(K_CHUNK);
     params.chunk = word(OP, if chunks <= 1 { k.max(1) } else { K_CHUNK })?;
+    Ok(Some(Launch { params, kernel, grid, batches, chunks }))
+}
+
+pub(crate) fn matmul(be: &WgpuBackend, ta: bool, tb: bool, ab: &[TensorRef<'_>; 2], out: &TensorRef<'_>) -> Result<()> {
+    let Some(Launch { params, kernel, grid: (gx, gy), batches, chunks }) =
+        prepare(be, ta, tb, ab, out.dims, out.dtype)?
+    else {
+        return Ok(());
+    };
+    let [a, b] = ab;
+    let max_z = be.ctx().limits.max_compute_workgroups_per_dimension.max(1) as usize;
     let products = Products { be, params, kernel, grid: (gx, gy, max_z), batches, a, b };
     if chunks <= 1 {
         return products.launch_chunks(0, 1, Dest::Out(out), 0);

@@ -1,0 +1,432 @@
+//! Groups headed by a matrix product (`FusedCall::head`, matmul epilogue
+//! fusion): ONE dispatch of the product's kernel (the tuner's choice for
+//! the shape, as `kernels::matmul` runs it) whose stores evaluate the
+//! group's element-wise ops for the stored element and write only the kept
+//! values, so the raw product reaches memory only when op 0 is kept.
+//!
+//! - **Generated from the matmul module.** The kernel is the chosen matmul
+//!   module's text with every store `out[at] = v;` rewritten to
+//!   `emit(at, v);`, its `out` binding replaced by the epilogue's bindings
+//!   and parameter fields appended to its `MatMul` struct. `emit` is printed
+//!   by fused.rs's generator (`Gen`), reading broadcast inputs (a bias) by
+//!   the same index arithmetic as a headless group.
+//! - **Same bits as unfused.** Each output is the same f32 sum as the
+//!   product's own kernel computes (the same loop, only the store differs),
+//!   then the same per-element expressions as their own kernels.
+//! - **Fallback.** `run_head_split` (the product, then a headless group)
+//!   where this kernel does not apply: K over `K_CHUNK` (the product is a
+//!   sum of chunk products combined afterwards, so no store holds the final
+//!   value), batches over the adapter's z limit (several dispatches), more
+//!   storage bindings than the adapter has or more ops than
+//!   `max_fused_ops`, an empty product, and groups of another dtype than
+//!   f32 (the only matmul dtype).
+
+use std::fmt::Write as _;
+use std::rc::Rc;
+
+use kiln_core::backend::checks::broadcast_to;
+use kiln_core::backend::{run_head_split, FusedArg, FusedCall, TensorRef};
+use kiln_core::op::Op;
+use kiln_core::{DType, Result};
+
+use super::{bad, check_op, params as epilogue_words, Gen, Read, Source, PLANS_KEPT};
+use crate::kernels::matmul::{self, Launch};
+use crate::params::words;
+use crate::pipelines::Pipeline;
+use crate::shaders::{self, Kernel, Ty};
+use crate::{Arg, WgpuBackend};
+
+const OP: &str = "fused";
+
+/// A group's epilogue: everything but the product's kernel, which the
+/// tuner picks per shape. `None` in `emit` when the group takes the
+/// fallback whatever the shape (too many bindings or ops).
+pub(crate) struct Epilogue {
+    emit: Option<Emit>,
+}
+
+struct Emit {
+    /// The module-scope WGSL: the parameter fields (appended to `MatMul`),
+    /// the bindings (from 3, replacing `out`) and `fn emit`.
+    fields: String,
+    bindings: String,
+    function: String,
+    /// Bindings 3..: the inputs read, then the ops written.
+    reads: Vec<(Source, Read)>,
+    writes: Vec<usize>,
+    consts: Vec<usize>,
+}
+
+pub(super) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
+    let head = call.head.ok_or_else(|| bad("a head group without a head"))?;
+    let first = call.ops.first().filter(|o| o.op == head.op() && o.arity == 0);
+    let Some(first) = first else {
+        return Err(bad("op 0 of a group with a head must be its MatMul, without operands"));
+    };
+    // The matmul kernels are f32 only; run_head_split reports another dtype.
+    if first.dtype != DType::F32 {
+        return run_head_split(be, call);
+    }
+    let cached = call.plan_id.and_then(|id| be.fused.borrow().head_plans.get(&id).cloned());
+    let epilogue = match cached {
+        Some(e) => e,
+        None => {
+            let e = Rc::new(plan(be, call)?);
+            if let Some(id) = call.plan_id {
+                let mut cache = be.fused.borrow_mut();
+                if cache.head_plans.len() >= PLANS_KEPT {
+                    cache.head_plans.clear();
+                }
+                cache.head_plans.insert(id, e.clone());
+            }
+            e
+        }
+    };
+    let Some(emit) = &epilogue.emit else { return run_head_split(be, call) };
+    let Some(Launch { mut params, kernel, grid: (gx, gy), batches, chunks }) =
+        matmul::prepare(be, head.transpose_a, head.transpose_b, &[head.a, head.b], call.dims, first.dtype)?
+    else {
+        return run_head_split(be, call); // no outputs: only kept constants to write
+    };
+    let max_z = be.ctx().limits.max_compute_workgroups_per_dimension.max(1) as usize;
+    if chunks > 1 || batches > max_z {
+        return run_head_split(be, call);
+    }
+    // One chunk, all batches in this dispatch (what `launch_chunks` sets).
+    params.first_chunk = 0;
+    params.chunks = 1;
+    params.chunk_stride = 0;
+    params.first_batch = 0;
+    let n: usize = call.dims.iter().product();
+    let mut args: Vec<(u32, Arg)> = vec![(1, Arg::input(&head.a)), (2, Arg::input(&head.b))];
+    let mut strides: Vec<Vec<usize>> = Vec::new();
+    for (r, &(source, read)) in emit.reads.iter().enumerate() {
+        let Source::Input(k) = source else { return Err(bad("an epilogue reads an op's value from memory")) };
+        let t = call.inputs[k as usize];
+        if read == Read::Broadcast {
+            strides.push(broadcast_to(OP, t.dims, call.dims)?.to_vec());
+        }
+        args.push((r as u32 + 3, Arg::input(&t)));
+    }
+    for (w, &k) in emit.writes.iter().enumerate() {
+        let t = output_of(call, k).ok_or_else(|| bad(format!("op {k} is written but not kept")))?;
+        args.push(((emit.reads.len() + w) as u32 + 3, Arg::output(&t)));
+    }
+    let mut words_ = words(&params).to_vec();
+    // The epilogue's fields follow `MatMul`'s (fused.rs's layout without `n`).
+    words_.extend_from_slice(&epilogue_words(call, &emit.consts, &strides, n)?[1..]);
+    let module = kernel.shader(&params);
+    let pipeline = pipeline(be, module, kernel.entry(), emit)?;
+    let ops = call.ops.len() as u32;
+    let z = crate::geometry::word(OP, batches)?;
+    be.launch_pipeline(OP, Kernel::FusedMatMul { kernel, ops }, pipeline, &args, &words_, [gx, gy, z])
+}
+
+fn output_of<'a>(call: &FusedCall<'a>, k: usize) -> Option<TensorRef<'a>> {
+    call.outputs.iter().find(|(o, _)| *o as usize == k).map(|&(_, t)| t)
+}
+
+/// Check the group (as fused.rs's `plan` does, op 0 being the product) and
+/// generate its epilogue, or take the fallback when it needs more bindings
+/// or ops than one kernel may have.
+fn plan(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<Epilogue> {
+    let ops = call.ops;
+    let t = Ty::F32;
+    let n: usize = call.dims.iter().product();
+    for (i, input) in call.inputs.iter().enumerate() {
+        broadcast_to(OP, input.dims, call.dims)?;
+        if input.dtype != DType::Bool && input.dtype != DType::F32 {
+            return Err(bad(format!("input {i} is {} in a group of f32", input.dtype)));
+        }
+    }
+    let mut kept = vec![false; ops.len()];
+    for &(k, out) in call.outputs {
+        let op = ops.get(k as usize).ok_or_else(|| bad(format!("output of op {k}, which does not exist")))?;
+        let fits = out.dtype == op.dtype
+            && (out.numel() == n || (out.numel() == 1 && matches!(op.op, Op::Full(_))))
+            && !kept[k as usize];
+        if !fits {
+            return Err(bad(format!("an output does not fit op {k}")));
+        }
+        kept[k as usize] = true;
+    }
+    for (i, op) in ops.iter().enumerate().skip(1) {
+        check_op(call, i, op, t)?;
+    }
+    if ops[1..].iter().any(|o| matches!(o.op, Op::MatMul { .. })) {
+        return Err(bad("a group holds a product after its head"));
+    }
+    let writes: Vec<usize> = (0..ops.len()).filter(|&k| kept[k]).collect();
+    let emit = generate(call, &writes, n);
+    let limits = &be.ctx().limits;
+    let bindings = 3 + emit.reads.len() + emit.writes.len();
+    let max = limits.max_storage_buffers_per_shader_stage.min(limits.max_bindings_per_bind_group) as usize;
+    let fits = bindings <= max && ops.len() <= be.max_fused_ops().max(1);
+    Ok(Epilogue { emit: fits.then_some(emit) })
+}
+
+/// The epilogue's WGSL: `emit(i, h)` computes ops 1.. for the element at
+/// flat index `i` of the group, the product's value there being `h`, and
+/// writes the kept ones (op 0 too when kept). Its text depends only on the
+/// group's structure, as a headless group's (fused.rs).
+fn generate(call: &FusedCall<'_>, writes: &[usize], n: usize) -> Emit {
+    let ops = call.ops;
+    let mut g = Gen {
+        call,
+        t: Ty::F32,
+        n,
+        reads: Vec::new(),
+        consts: Vec::new(),
+        names: Default::default(),
+        read_lines: String::new(),
+        body: String::new(),
+        broadcast: 0,
+        // Not `b`: matmul.wgsl's kernels have locals b0, b1.
+        binding: "eb",
+    };
+    g.names.insert(0, "h".to_string());
+    let mut count = 0usize;
+    for (k, op) in ops.iter().enumerate().skip(1) {
+        if let Op::Full(_) = op.op {
+            continue; // printed where read
+        }
+        let args: Vec<String> = op.args().iter().map(|a| g.name(a)).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let expr = match op.op {
+            Op::Unary(_) | Op::Binary(_) => shaders::op_expr(op.op, Ty::F32, &args).expect("checked by check_op"),
+            Op::Compare(c) => shaders::compare_expr_of(c, Ty::F32, &args),
+            _ => format!("select({}, {}, {} != 0u)", args[2], args[1], args[0]),
+        };
+        let name = format!("v{count}");
+        count += 1;
+        let _ = writeln!(g.body, "    let {name} = {expr};");
+        g.names.insert(k, name);
+    }
+    for &k in writes {
+        g.name(&FusedArg::Op(k as u16));
+    }
+    let mut fields = String::from("    ep_rank: u32,\n    ep_dims: array<u32, MAX_DIMS>,\n");
+    if g.broadcast > 0 {
+        let _ = writeln!(fields, "    ep_strides: array<array<u32, MAX_DIMS>, {}>,", g.broadcast);
+    }
+    if !g.consts.is_empty() {
+        let _ = writeln!(fields, "    consts: array<u32, {}>,", g.consts.len());
+    }
+    let mut bindings = String::new();
+    for (r, &(source, _)) in g.reads.iter().enumerate() {
+        let dtype = match source {
+            Source::Input(k) => call.inputs[k as usize].dtype,
+            Source::Op(k) => ops[k as usize].dtype,
+        };
+        let rt = if dtype == DType::Bool { "u32" } else { "f32" };
+        let _ = writeln!(bindings, "@group(0) @binding({}) var<storage, read> eb{r}: array<{rt}>;", r + 3);
+    }
+    for (w, &k) in writes.iter().enumerate() {
+        let wt = if ops[k].dtype == DType::Bool { "u32" } else { "f32" };
+        let at = g.reads.len() + w + 3;
+        let _ = writeln!(bindings, "@group(0) @binding({at}) var<storage, read_write> ew{w}: array<{wt}>;");
+    }
+    let mut f = String::from("fn emit(i: u32, h: f32) {\n");
+    if g.broadcast > 0 {
+        for j in 0..g.broadcast {
+            let _ = writeln!(f, "    var o{j} = 0u;");
+        }
+        f.push_str(
+            "    var rem = i;\n    for (var d = params.ep_rank; d > 0u; d = d - 1u) {\n        \
+             let m = params.ep_dims[d - 1u];\n        let k = rem % m;\n        rem = rem / m;\n",
+        );
+        for j in 0..g.broadcast {
+            let _ = writeln!(f, "        o{j} += k * params.ep_strides[{j}][d - 1u];");
+        }
+        f.push_str("    }\n");
+    }
+    f.push_str(&g.read_lines);
+    f.push_str(&g.body);
+    for (w, &k) in writes.iter().enumerate() {
+        let one = output_of(call, k).is_some_and(|t| t.numel() == 1) && n != 1;
+        let value = &g.names[&k];
+        if one {
+            // A kept scalar constant: one element, written once.
+            let _ = writeln!(f, "    if (i == 0u) {{\n        ew{w}[0] = {value};\n    }}");
+        } else {
+            let _ = writeln!(f, "    ew{w}[i] = {value};");
+        }
+    }
+    f.push_str("}\n");
+    Emit { fields, bindings, function: f, reads: g.reads, writes: writes.to_vec(), consts: g.consts }
+}
+
+/// The text `out: array<f32>` is declared by, in matmul_common.wgsl.
+const OUT_BINDING: &str = "@group(0) @binding(3) var<storage, read_write> out: array<f32>;";
+/// The end of matmul_common.wgsl's `MatMul` struct (as `wgsl_file!` keeps
+/// it: comments out, indentation cut to one space).
+const STRUCT_END: &str = " chunk_stride: u32,\n}";
+
+/// The matmul module `source` (entry point `entry`) with its stores going
+/// through `emit`: an error, not a wrong kernel, if the module's text is
+/// not as this expects.
+fn rewrite(source: &str, entry: &str, emit: &Emit) -> Result<String> {
+    let unexpected = |what: &str| bad(format!("the matmul module's text is not as the epilogue expects ({what})"));
+    if source.matches(OUT_BINDING).count() != 1 || source.matches(STRUCT_END).count() != 1 {
+        return Err(unexpected("the out binding or the MatMul struct"));
+    }
+    let source = source
+        .replace(STRUCT_END, &format!(" chunk_stride: u32,\n{}}}", emit.fields))
+        .replace(OUT_BINDING, &emit.bindings);
+    // `out[X] = Y;` -> `emit(X, Y);`: the only uses of `out`, each a
+    // statement of one line (comments are left alone).
+    let mut text = String::with_capacity(source.len() + 4096);
+    let mut stores = 0;
+    for line in source.lines() {
+        let (code, comment) = line.split_at(line.find("//").unwrap_or(line.len()));
+        text.push_str(&rewrite_stores(code, &mut stores).ok_or_else(|| unexpected("a store to out"))?);
+        text.push_str(comment);
+        text.push('\n');
+    }
+    if stores == 0 {
+        return Err(unexpected("no store to out"));
+    }
+    // The pipeline is made for the entry point `main`.
+    if entry != "main" {
+        let from = format!("fn {entry}(");
+        if text.matches(&from).count() != 1 || text.contains("fn main(") {
+            return Err(unexpected("the entry point"));
+        }
+        text = text.replace(&from, "fn main(");
+    }
+    Ok(format!("{text}\n{}\n{}\n{}", shaders::TRIG, shaders::SCALAR, emit.function))
+}
+
+/// `code` (one line, no comment) with its stores `out[X] = Y;` written as
+/// `emit(X, Y);`, or None if it uses `out` otherwise (a member `out:` is
+/// no use).
+fn rewrite_stores(code: &str, stores: &mut usize) -> Option<String> {
+    let mut text = String::new();
+    let mut rest = code;
+    while let Some(at) = find_word(rest, "out") {
+        text.push_str(&rest[..at]);
+        let Some(tail) = rest[at + 3..].strip_prefix('[') else {
+            // Job's member `out: u32` (an offset, not the binding).
+            rest[at + 3..].starts_with(':').then_some(())?;
+            text.push_str("out");
+            rest = &rest[at + 3..];
+            continue;
+        };
+        let close = tail.find(']')?;
+        let (index, after) = (&tail[..close], tail[close + 1..].strip_prefix(" = ")?);
+        let end = after.find(';')?;
+        if index.contains('[') {
+            return None;
+        }
+        text.push_str(&format!("emit({index}, {});", &after[..end]));
+        rest = &after[end + 1..];
+        *stores += 1;
+    }
+    text.push_str(rest);
+    Some(text)
+}
+
+/// The first occurrence of the identifier `word` in `s` (not part of a
+/// longer name or a member such as `job.out`).
+fn find_word(s: &str, word: &str) -> Option<usize> {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut from = 0;
+    while let Some(i) = s[from..].find(word).map(|i| i + from) {
+        let before = s[..i].chars().next_back();
+        let after = s[i + word.len()..].chars().next();
+        if !before.is_some_and(|c| is_ident(c) || c == '.') && !after.is_some_and(is_ident) {
+            return Some(i);
+        }
+        from = i + word.len();
+    }
+    None
+}
+
+/// The generated pipeline of `emit` on entry `entry` of the matmul module
+/// `module`, compiled once.
+fn pipeline(be: &WgpuBackend, module: Kernel, entry: &'static str, emit: &Emit) -> Result<Rc<Pipeline>> {
+    let key = (module, entry, format!("{}{}{}", emit.fields, emit.bindings, emit.function));
+    if let Some(p) = be.fused.borrow().head_pipelines.get(&key) {
+        be.count_pipeline_hit();
+        return Ok(p.clone());
+    }
+    let source = module.source().ok_or_else(|| bad(format!("no WGSL for {module:?}")))?;
+    let p = be.compile(OP, "FusedMatMul", &rewrite(&source, entry, emit)?)?;
+    be.fused.borrow_mut().head_pipelines.insert(key, p.clone());
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_core::backend::{BufferId, FusedArg, FusedCall, FusedMatMul, FusedOp, TensorRef};
+    use kiln_core::op::{BinaryOp, CompareOp, Op, UnaryOp};
+    use kiln_core::DType;
+
+    use super::{generate, rewrite};
+    use crate::kernels::matmul_tune::MatMulKernel;
+    use crate::params::MatMul;
+    use crate::shaders::Kernel;
+
+    fn op(op: Op, args: &[FusedArg], dtype: DType) -> FusedOp {
+        let mut a = [FusedArg::Input(0); 3];
+        a[..args.len()].copy_from_slice(args);
+        FusedOp { op, args: a, arity: args.len() as u8, dtype }
+    }
+
+    /// Every matmul module and entry point (every vec4 / staged operand
+    /// layout) rewritten with epilogues of every kind of read and op, op 0
+    /// kept or not, makes valid WGSL (naga, as wgpu checks it).
+    #[test]
+    fn every_generated_epilogue_kernel_validates() {
+        use FusedArg::{Input, Op as V};
+        let f = DType::F32;
+        let dims = [4usize, 6];
+        let (full, row, one, cond) = (&[4usize, 6][..], &[6usize][..], &[][..], &[4usize, 1][..]);
+        let inputs = [
+            TensorRef { buffer: BufferId(0), dims: row, dtype: f },
+            TensorRef { buffer: BufferId(1), dims: full, dtype: f },
+            TensorRef { buffer: BufferId(2), dims: one, dtype: f },
+            TensorRef { buffer: BufferId(3), dims: cond, dtype: DType::Bool },
+        ];
+        let ab = TensorRef { buffer: BufferId(4), dims: full, dtype: f };
+        let head = Some(FusedMatMul { transpose_a: false, transpose_b: true, a: ab, b: ab });
+        let mm = Op::MatMul { transpose_a: false, transpose_b: true };
+        let ops = [
+            op(mm, &[], f),
+            op(Op::Binary(BinaryOp::Add), &[V(0), Input(0)], f),
+            op(Op::Full(0.0), &[], f),
+            op(Op::Binary(BinaryOp::Maximum), &[V(1), V(2)], f),
+            op(Op::Compare(CompareOp::Greater), &[V(1), V(2)], DType::Bool),
+            op(Op::Binary(BinaryOp::Mul), &[V(3), Input(1)], f),
+            op(Op::Unary(UnaryOp::Tanh), &[V(5)], f),
+            op(Op::Where, &[Input(3), V(6), Input(2)], f),
+            op(Op::Full(1.0), &[], DType::Bool),
+        ];
+        let out = |k: u16, dtype: DType, dims: &'static [usize]| (k, TensorRef { buffer: BufferId(9), dims, dtype });
+        let with_head = [out(0, f, full), out(3, f, full), out(4, DType::Bool, full), out(7, f, full)];
+        let without = [out(3, f, full), out(7, f, full), out(8, DType::Bool, one)];
+        // Bias + relu, the Linear layer's epilogue: one read, one write.
+        let linear = [out(3, f, full)];
+        let mut modules: Vec<(Kernel, &str)> =
+            vec![(Kernel::MatMul, "tile128"), (Kernel::MatMul, "tile64"), (Kernel::MatMul, "skinny")];
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let p = MatMul { a_col: if ta { 4 } else { 1 }, b_col: if tb { 4 } else { 1 }, ..MatMul::default() };
+                modules.push((MatMulKernel::Vec4.shader(&p), "main"));
+                modules.push((MatMulKernel::Staged.shader(&p), "main"));
+            }
+        }
+        for outputs in [&with_head[..], &without[..], &linear[..]] {
+            let call = FusedCall { dims: &dims, ops: &ops, inputs: &inputs, outputs, plan_id: None, head };
+            let writes: Vec<usize> = outputs.iter().map(|&(k, _)| k as usize).collect();
+            let emit = generate(&call, &writes, 24);
+            assert!(!emit.function.contains("0.0") && !emit.function.contains("1.0"), "values in the text");
+            for &(module, entry) in &modules {
+                let source = module.source().expect("a matmul module");
+                let src = rewrite(&source, entry, &emit).unwrap();
+                assert!(!src.contains("out["), "{module:?} {entry}: a store left");
+                crate::shaders::validate_wgsl(&format!("epilogue kernel {module:?} {entry}"), &src);
+            }
+        }
+    }
+}
