@@ -236,3 +236,28 @@ fn fallbacks_give_the_same_bits() {
     assert_same(&on, &d, &linear_relu(&off, 64, 128, 96), "4 storage buffers");
     assert_eq!(narrow_count, 2, "too few bindings: the product, then the epilogue");
 }
+
+/// Not a check: the time of one layer's forward (product, bias, relu) at
+/// W1's shapes with the epilogue fused and not, in interleaved rounds
+/// (`cargo test --release -p kiln-tests --test wgpu_matmul_epilogue --
+/// --ignored --nocapture`). The best round of each is printed.
+#[test]
+#[ignore]
+fn epilogue_timing() {
+    let Some(on) = wgpu(true, true) else { return };
+    let off = wgpu(false, true).unwrap();
+    for (m, k, n) in [(128, 784, 512), (128, 512, 512), (128, 512, 10)] {
+        let mut best = [f64::INFINITY; 2];
+        for _round in 0..5 {
+            for (i, d) in [&on, &off].into_iter().enumerate() {
+                linear_relu(d, m, k, n);
+                let t = std::time::Instant::now();
+                for _ in 0..10 {
+                    linear_relu(d, m, k, n);
+                }
+                best[i] = best[i].min(t.elapsed().as_secs_f64() * 100.0);
+            }
+        }
+        println!("{m} x {k} x {n}: fused {:.2} ms, product + epilogue {:.2} ms per forward", best[0], best[1]);
+    }
+}

@@ -273,12 +273,33 @@ fn rewrite(source: &str, entry: &str, emit: &Emit) -> Result<String> {
     let source = source
         .replace(STRUCT_END, &format!(" chunk_stride: u32,\n{}}}", emit.fields))
         .replace(OUT_BINDING, &emit.bindings);
+    // store4 with ONE call of `emit`, not eight: the driver inlines every
+    // call, and lavapipe took 30 s to compile W1's vec4 kernel with emit
+    // inlined at all 256 places.
+    let at = source.find("fn store4(").ok_or_else(|| unexpected("no store4"))?;
+    let end = at + source[at..].find("\n}\n").ok_or_else(|| unexpected("store4's end"))? + 3;
+    let source = format!("{}{STORE4}{}", &source[..at], &source[end..]);
     // `out[X] = Y;` -> `emit(X, Y);`: the only uses of `out`, each a
-    // statement of one line (comments are left alone).
+    // statement of one line (comments are left alone). A run of store4
+    // calls (an entry point's register block) becomes one loop over the
+    // values gathered in arrays, for the same reason.
     let mut text = String::with_capacity(source.len() + 4096);
     let mut stores = 0;
+    let mut run: Vec<[&str; 3]> = Vec::new();
     for line in source.lines() {
         let (code, comment) = line.split_at(line.find("//").unwrap_or(line.len()));
+        let call = code.trim().strip_prefix("store4(job, ").and_then(|c| c.strip_suffix(");"));
+        if let Some(call) = call {
+            let args: Vec<&str> = call.split(", ").collect();
+            let [row, col, value] = args[..] else { return Err(unexpected("a store4 call")) };
+            run.push([row, col, value]);
+            stores += 1;
+            continue;
+        }
+        if !run.is_empty() {
+            store_loop(&mut text, &run);
+            run.clear();
+        }
         text.push_str(&rewrite_stores(code, &mut stores).ok_or_else(|| unexpected("a store to out"))?);
         text.push_str(comment);
         text.push('\n');
@@ -295,6 +316,31 @@ fn rewrite(source: &str, entry: &str, emit: &Emit) -> Result<String> {
         text = text.replace(&from, "fn main(");
     }
     Ok(format!("{text}\n{}\n{}\n{}", shaders::TRIG, shaders::SCALAR, emit.function))
+}
+
+/// matmul_common.wgsl's store4 for a fused kernel: the same outputs
+/// (`job.out + row * n + col + j` where row and column exist), each through
+/// `emit`.
+const STORE4: &str = "fn store4(job: Job, row: u32, col: u32, v: vec4<f32>) {
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        if (row < params.m && col + j < params.n) {
+            emit(job.out + row * params.n + col + j, v[j]);
+        }
+    }
+}
+";
+
+/// A run of `store4(job, row, col, value);` calls as arrays of their
+/// arguments and one loop calling store4 (the values are final: the calls
+/// come after the accumulation).
+fn store_loop(text: &mut String, run: &[[&str; 3]]) {
+    let n = run.len();
+    let _ = writeln!(text, " var e_r: array<u32, {n}>;\n var e_c: array<u32, {n}>;\n var e_v: array<vec4<f32>, {n}>;");
+    for (q, [row, col, value]) in run.iter().enumerate() {
+        let _ = writeln!(text, " e_r[{q}] = {row};\n e_c[{q}] = {col};\n e_v[{q}] = {value};");
+    }
+    let _ = writeln!(text, " for (var e_q = 0u; e_q < {n}u; e_q = e_q + 1u) {{");
+    text.push_str("  store4(job, e_r[e_q], e_c[e_q], e_v[e_q]);\n }\n");
 }
 
 /// `code` (one line, no comment) with its stores `out[X] = Y;` written as
