@@ -110,7 +110,10 @@ pub(super) fn plan_group(
     let mut value: Option<DType> = None;
     let mut dims: Option<Dims> = None;
     let mut members: Vec<NodeId> = Vec::new();
-    let head = rest.first().copied().filter(|&id| marks[id as usize] & RAN == 0 && head_of(state, id, fuses_matmul));
+    // No backend of the browser build fuses products: leave the code out.
+    let head = rest.first().copied().filter(|&id| {
+        !cfg!(target_arch = "wasm32") && marks[id as usize] & RAN == 0 && head_of(state, id, fuses_matmul)
+    });
     if let Some(id) = head {
         value = Some(state.nodes[id as usize].dtype);
         dims = Some(Dims::from_slice(dims_of(state, id)));
@@ -288,7 +291,7 @@ pub(super) fn run_group(
                 Ok(TensorRef { buffer, dims: dims_of(state, i), dtype: state.nodes[i as usize].dtype })
             };
             let head = match (prepared.head, state.nodes[group.members[0] as usize].op) {
-                (Some([a, b]), Op::MatMul { transpose_a, transpose_b }) => {
+                (Some([a, b]), Op::MatMul { transpose_a, transpose_b }) if !cfg!(target_arch = "wasm32") => {
                     Some(FusedMatMul { transpose_a, transpose_b, a: tensor(a)?, b: tensor(b)? })
                 }
                 _ => None,
