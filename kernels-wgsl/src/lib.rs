@@ -129,23 +129,13 @@ pub struct WgpuBackend {
     fuse_matmul: bool,
 }
 
-/// `KILN_GROUPED_UPDATE=1` / `=0`: group optimizer updates or not, whatever
-/// the adapter (for measurements; `WgpuOptions::grouped_optimizer_update`
-/// wins when set).
+/// An on/off switch from the environment, `NAME=1` or `=0`, for
+/// measurements (the `WgpuOptions` field wins when set):
+/// `KILN_GROUPED_UPDATE` (group optimizer updates, whatever the adapter)
+/// and `KILN_FUSE_MATMUL` (fuse matmul epilogues).
 #[cfg(not(target_arch = "wasm32"))]
-fn grouped_update_from_env() -> Option<bool> {
-    match std::env::var("KILN_GROUPED_UPDATE").as_deref() {
-        Ok("1") => Some(true),
-        Ok("0") => Some(false),
-        _ => None,
-    }
-}
-
-/// `KILN_FUSE_MATMUL=1` / `=0`: fuse matmul epilogues or not (for
-/// measurements; `WgpuOptions::fuse_matmul_epilogue` wins when set).
-#[cfg(not(target_arch = "wasm32"))]
-fn fuse_matmul_from_env() -> Option<bool> {
-    match std::env::var("KILN_FUSE_MATMUL").as_deref() {
+fn switch_from_env(name: &str) -> Option<bool> {
+    match std::env::var(name).as_deref() {
         Ok("1") => Some(true),
         Ok("0") => Some(false),
         _ => None,
@@ -185,9 +175,12 @@ impl WgpuBackend {
             #[cfg(not(target_arch = "wasm32"))]
             max_fused_ops: options.max_fused_ops.unwrap_or(kernels::fused::MAX_OPS),
             #[cfg(not(target_arch = "wasm32"))]
-            grouped_update: options.grouped_optimizer_update.or_else(grouped_update_from_env).unwrap_or(hardware),
+            grouped_update: options
+                .grouped_optimizer_update
+                .or_else(|| switch_from_env("KILN_GROUPED_UPDATE"))
+                .unwrap_or(hardware),
             #[cfg(not(target_arch = "wasm32"))]
-            fuse_matmul: options.fuse_matmul_epilogue.or_else(fuse_matmul_from_env).unwrap_or(true),
+            fuse_matmul: options.fuse_matmul_epilogue.or_else(|| switch_from_env("KILN_FUSE_MATMUL")).unwrap_or(true),
         })
     }
 

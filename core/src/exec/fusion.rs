@@ -278,18 +278,12 @@ pub(super) fn run_group(
     if failure.is_none() {
         let result = (|| {
             let state = &*state;
-            let mut inputs: Vec<TensorRef<'_>> = Vec::with_capacity(prepared.input_nodes.len());
-            for &i in &prepared.input_nodes {
-                let Some(buffer) = state.values[i as usize] else {
-                    return Err(Error::backend("fused", format!("operand node {i} has no value")));
-                };
-                inputs.push(TensorRef { buffer, dims: dims_of(state, i), dtype: state.nodes[i as usize].dtype });
-            }
             let tensor = |i: NodeId| -> Result<TensorRef<'_>> {
                 let buffer = state.values[i as usize]
                     .ok_or_else(|| Error::backend("fused", format!("operand node {i} has no value")))?;
                 Ok(TensorRef { buffer, dims: dims_of(state, i), dtype: state.nodes[i as usize].dtype })
             };
+            let inputs = prepared.input_nodes.iter().map(|&i| tensor(i)).collect::<Result<Vec<_>>>()?;
             let head = match (prepared.head, state.nodes[group.members[0] as usize].op) {
                 (Some([a, b]), Op::MatMul { transpose_a, transpose_b }) if !cfg!(target_arch = "wasm32") => {
                     Some(FusedMatMul { transpose_a, transpose_b, a: tensor(a)?, b: tensor(b)? })

@@ -559,8 +559,29 @@ fn generate(
     (src, g.reads, g.consts)
 }
 
-/// A generated pipeline cached under `key`, which must fix the text that
-/// `generate` returns (so a cached step builds no text at all).
+/// A generated pipeline cached in the map of `FusedCache` that `map`
+/// picks, under `key`, which must fix the text that `generate` returns
+/// (so a cached step builds no text at all).
+pub(crate) fn cached_in<K: std::hash::Hash + Eq>(
+    be: &WgpuBackend,
+    map: fn(&mut FusedCache) -> &mut HashMap<K, Rc<Pipeline>>,
+    key: K,
+    op: &'static str,
+    label: &str,
+    generate: impl FnOnce(&K) -> Result<String>,
+) -> Result<Rc<Pipeline>> {
+    let hit = map(&mut be.fused.borrow_mut()).get(&key).cloned();
+    if let Some(p) = hit {
+        be.count_pipeline_hit();
+        return Ok(p);
+    }
+    let p = be.compile(op, label, &generate(&key)?)?;
+    map(&mut be.fused.borrow_mut()).insert(key, p.clone());
+    Ok(p)
+}
+
+/// A multi-tensor update's pipeline (`update::update_many`) by the kind of
+/// each tensor's update (`key`), which fixes the text `generate` returns.
 pub(crate) fn cached_pipeline(
     be: &WgpuBackend,
     op: &'static str,
@@ -568,24 +589,12 @@ pub(crate) fn cached_pipeline(
     key: Vec<u8>,
     generate: impl FnOnce() -> String,
 ) -> Result<Rc<Pipeline>> {
-    if let Some(p) = be.fused.borrow().updates.get(&key) {
-        be.count_pipeline_hit();
-        return Ok(p.clone());
-    }
-    let p = be.compile(op, label, &generate())?;
-    be.fused.borrow_mut().updates.insert(key, p.clone());
-    Ok(p)
+    cached_in(be, |c| &mut c.updates, key, op, label, |_| Ok(generate()))
 }
 
 /// The pipeline compiled from `source`, from the cache when it has been.
 fn pipeline(be: &WgpuBackend, source: String) -> Result<Rc<Pipeline>> {
-    if let Some(p) = be.fused.borrow().pipelines.get(&source) {
-        be.count_pipeline_hit();
-        return Ok(p.clone());
-    }
-    let p = be.compile(OP, "Fused", &source)?;
-    be.fused.borrow_mut().pipelines.insert(source, p.clone());
-    Ok(p)
+    cached_in(be, |c| &mut c.pipelines, source, OP, "Fused", |s| Ok(s.clone()))
 }
 
 #[cfg(test)]

@@ -84,10 +84,6 @@ pub(super) struct Plan {
     b_tiles: usize,
     /// Work per element (sum of the ops' costs).
     weight: usize,
-    /// With a head: the index into the call's outputs of the product when
-    /// it is kept (the product is written there directly). The product is
-    /// read as input `inputs.len()` (contiguous).
-    head_output: Option<Option<usize>>,
 }
 
 fn bad(message: impl Into<String>) -> Error {
@@ -126,7 +122,7 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
         reads.push(read);
         input_locs.push(loc);
     }
-    // The head's product is one more contiguous input.
+    // The head's product is one more contiguous input, `inputs.len()`.
     let head_loc = call.head.map(|_| {
         reads.push(Read::Contiguous);
         Loc::Input(call.inputs.len())
@@ -288,8 +284,7 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
         locs.push(dst);
         steps.push(Step { kind, args, dst, output: outputs[i], fill: true });
     }
-    let head_output = head_loc.map(|_| outputs[0]);
-    Ok(Plan { steps, reads, t_tiles, b_tiles, weight: weight.max(1), head_output })
+    Ok(Plan { steps, reads, t_tiles, b_tiles, weight: weight.max(1) })
 }
 
 /// A kept value's destination, typed.
@@ -360,29 +355,20 @@ pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
     if result.is_ok() {
         result = (|| {
             let slab = &*slab;
-            let mut ins: SmallVec<[&CpuStorage; 8]> = SmallVec::new();
-            for t in call.inputs {
+            let stored = |t: &TensorRef<'_>, name: &'static str| -> Result<&CpuStorage> {
                 let s = slab
                     .get(t.buffer.0 as usize)
                     .and_then(Option::as_ref)
-                    .ok_or_else(|| CpuBackend::missing(NAME, t.buffer))?;
-                CpuBackend::check(NAME, t, s)?;
-                ins.push(s);
-            }
+                    .ok_or_else(|| CpuBackend::missing(name, t.buffer))?;
+                CpuBackend::check(name, t, s)?;
+                Ok(s)
+            };
+            let ins = call.inputs.iter().map(|t| stored(t, NAME)).collect::<Result<SmallVec<[&CpuStorage; 8]>>>()?;
             for (t, s) in &taken {
                 CpuBackend::check(NAME, t, s)?;
             }
             if let Some((h, blocked)) = &blocked {
-                let mut operands: SmallVec<[&CpuStorage; 2]> = SmallVec::new();
-                for t in [&h.a, &h.b] {
-                    let s = slab
-                        .get(t.buffer.0 as usize)
-                        .and_then(Option::as_ref)
-                        .ok_or_else(|| CpuBackend::missing("MatMul", t.buffer))?;
-                    CpuBackend::check("MatMul", t, s)?;
-                    operands.push(s);
-                }
-                let operands = [operands[0], operands[1]];
+                let operands = [stored(&h.a, "MatMul")?, stored(&h.b, "MatMul")?];
                 return with_float!(value, NAME, T => head::eval::<T>(call, h, blocked, plan, &ins, operands, &mut taken));
             }
             with_num!(value, NAME, T => eval::<T>(call, plan, &ins, &mut taken))
@@ -401,44 +387,8 @@ fn eval<T: Scalar + Value>(
     outs: &mut [(TensorRef<'_>, CpuStorage)],
 ) -> Result<()> {
     let n: usize = call.dims.iter().product();
-    let mut inputs: SmallVec<[InSlice<'_, T>; 8]> = SmallVec::new();
-    for (t, s) in call.inputs.iter().zip(ins) {
-        let numel = t.numel();
-        inputs.push(if t.dtype == DType::Bool {
-            InSlice::B(u8::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input is not bool"))?)
-        } else {
-            InSlice::T(T::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input of the wrong dtype"))?)
-        });
-    }
-    let mut out_slices: Vec<OutSlice<'_, T>> = Vec::with_capacity(outs.len());
-    for (t, s) in outs.iter_mut() {
-        let numel = t.numel();
-        out_slices.push(if t.dtype == DType::Bool {
-            OutSlice::B(u8::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output is not bool"))?)
-        } else {
-            OutSlice::T(T::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output of the wrong dtype"))?)
-        });
-    }
-    // Kept constants are written whole, here, once (a one-element one is a
-    // scalar the group also reads); the other kept values tile by tile.
-    let mut kept: Vec<Option<OutSlice<'_, T>>> = Vec::with_capacity(out_slices.len());
-    let mut const_of: Vec<Option<f64>> = vec![None; out_slices.len()];
-    for step in &plan.steps {
-        if let (Kind::Const(v), Some(o)) = (step.kind, step.output) {
-            const_of[o] = Some(v);
-        }
-    }
-    for (constant, slice) in const_of.into_iter().zip(out_slices) {
-        match (constant, slice) {
-            (Some(v), OutSlice::T(d)) => d.fill(T::from_f64(v)),
-            (Some(v), OutSlice::B(d)) => d.fill(u8::from_f64(v)),
-            (None, slice) => {
-                kept.push(Some(slice));
-                continue;
-            }
-        }
-        kept.push(None);
-    }
+    let inputs = typed_inputs::<T>(call, ins)?;
+    let kept = write_constants(plan, typed_outputs(outs)?);
     if n == 0 {
         return Ok(());
     }
@@ -478,6 +428,62 @@ fn eval<T: Scalar + Value>(
         run_chunk(i, outs);
     }
     Ok(())
+}
+
+/// The call's inputs as typed slices of their elements.
+fn typed_inputs<'a, T: Scalar>(call: &FusedCall<'_>, ins: &[&'a CpuStorage]) -> Result<SmallVec<[InSlice<'a, T>; 8]>> {
+    let mut inputs = SmallVec::new();
+    for (t, s) in call.inputs.iter().zip(ins) {
+        let numel = t.numel();
+        inputs.push(if t.dtype == DType::Bool {
+            InSlice::B(u8::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input is not bool"))?)
+        } else {
+            InSlice::T(T::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input of the wrong dtype"))?)
+        });
+    }
+    Ok(inputs)
+}
+
+/// The kept values' buffers as typed slices of their elements.
+fn typed_outputs<'a, T: Scalar>(outs: &'a mut [(TensorRef<'_>, CpuStorage)]) -> Result<Vec<OutSlice<'a, T>>> {
+    let mut slices = Vec::with_capacity(outs.len());
+    for (t, s) in outs.iter_mut() {
+        let numel = t.numel();
+        slices.push(if t.dtype == DType::Bool {
+            OutSlice::B(u8::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output is not bool"))?)
+        } else {
+            OutSlice::T(T::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output of the wrong dtype"))?)
+        });
+    }
+    Ok(slices)
+}
+
+/// Kept constants are written whole, here, once (a one-element one is a
+/// scalar the group also reads); the other kept values are returned, in
+/// the call's output order (None where a constant was), to be written
+/// tile by tile.
+fn write_constants<'a, T: Scalar>(plan: &Plan, slices: Vec<OutSlice<'a, T>>) -> Vec<Option<OutSlice<'a, T>>> {
+    let mut const_of: Vec<Option<f64>> = vec![None; slices.len()];
+    for step in &plan.steps {
+        if let (Kind::Const(v), Some(o)) = (step.kind, step.output) {
+            const_of[o] = Some(v);
+        }
+    }
+    const_of
+        .into_iter()
+        .zip(slices)
+        .map(|(constant, slice)| match (constant, slice) {
+            (Some(v), OutSlice::T(d)) => {
+                d.fill(T::from_f64(v));
+                None
+            }
+            (Some(v), OutSlice::B(d)) => {
+                d.fill(u8::from_f64(v));
+                None
+            }
+            (None, slice) => Some(slice),
+        })
+        .collect()
 }
 
 /// Elements per chunk: all of them below the parallel threshold, else what

@@ -248,7 +248,9 @@ fn gemm_blocks<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], 
 }
 
 /// Columns `j0..j0 + cols` of a product just computed by the task that
-/// holds this: a matmul epilogue reads them while they are in cache.
+/// holds this: a matmul epilogue reads them while they are in cache (only
+/// fused groups read it; without the `fusion` feature it is never read).
+#[cfg_attr(not(feature = "fusion"), allow(dead_code))]
 pub(super) struct Block<'a, T> {
     ptr: Shared<T>,
     n: usize,
@@ -258,6 +260,7 @@ pub(super) struct Block<'a, T> {
     _product: std::marker::PhantomData<&'a [T]>,
 }
 
+#[cfg_attr(not(feature = "fusion"), allow(dead_code))]
 impl<T> Block<'_, T> {
     pub fn rows(&self) -> usize {
         self.rows
@@ -325,12 +328,14 @@ fn gemm_blocks_then<T: Float>(
 /// batch folded into the rows), K in one chunk, in the blocked size range,
 /// native numerics. Exactly the blocks, gemm calls and bits of the plain
 /// product (`batched` → `gemm_chunk` → `gemm_blocks`).
+#[cfg(feature = "fusion")]
 pub(super) struct Blocked {
     a: Mat,
     b: Mat,
     width: usize,
 }
 
+#[cfg(feature = "fusion")]
 impl Blocked {
     pub(super) fn of(
         ta: bool,

@@ -392,14 +392,17 @@ fn find_word(s: &str, word: &str) -> Option<usize> {
 /// `module`, compiled once.
 fn pipeline(be: &WgpuBackend, module: Kernel, entry: &'static str, emit: &Emit) -> Result<Rc<Pipeline>> {
     let key = (module, entry, format!("{}{}{}", emit.fields, emit.bindings, emit.function));
-    if let Some(p) = be.fused.borrow().head_pipelines.get(&key) {
-        be.count_pipeline_hit();
-        return Ok(p.clone());
-    }
-    let source = module.source().ok_or_else(|| bad(format!("no WGSL for {module:?}")))?;
-    let p = be.compile(OP, "FusedMatMul", &rewrite(&source, entry, emit)?)?;
-    be.fused.borrow_mut().head_pipelines.insert(key, p.clone());
-    Ok(p)
+    super::cached_in(
+        be,
+        |c| &mut c.head_pipelines,
+        key,
+        OP,
+        "FusedMatMul",
+        |_| {
+            let source = module.source().ok_or_else(|| bad(format!("no WGSL for {module:?}")))?;
+            rewrite(&source, entry, emit)
+        },
+    )
 }
 
 #[cfg(test)]

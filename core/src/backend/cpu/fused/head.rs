@@ -11,9 +11,10 @@ use smallvec::SmallVec;
 use super::super::matmul::{Block, Blocked};
 use super::super::scalar::{Float, Scalar};
 use super::super::CpuStorage;
-use super::{bad, eval_range, fill_constants, InSlice, Kind, OutSlice, Plan, Tiles, TILE};
+use super::{
+    bad, eval_range, fill_constants, typed_inputs, typed_outputs, write_constants, InSlice, OutSlice, Plan, Tiles, TILE,
+};
 use crate::backend::{FusedCall, FusedMatMul, TensorRef};
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::Value;
 
@@ -67,50 +68,23 @@ pub(super) fn eval<T: Float + Scalar + Value>(
     let cols = *call.dims.last().ok_or_else(|| bad("a product with no axes"))?;
     let lhs = T::of(sa).and_then(|v| v.get(..head.a.numel())).ok_or_else(|| bad("left operand of the wrong dtype"))?;
     let rhs = T::of(sb).and_then(|v| v.get(..head.b.numel())).ok_or_else(|| bad("right operand of the wrong dtype"))?;
-    let mut inputs: SmallVec<[InSlice<'_, T>; 8]> = SmallVec::new();
-    for (t, s) in call.inputs.iter().zip(ins) {
-        let numel = t.numel();
-        inputs.push(if t.dtype == DType::Bool {
-            InSlice::B(u8::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input is not bool"))?)
-        } else {
-            InSlice::T(T::of(s).and_then(|v| v.get(..numel)).ok_or_else(|| bad("input of the wrong dtype"))?)
-        });
-    }
-    let head_output = plan.head_output.flatten();
-    // Constants kept are written whole; the product goes to its own output
-    // when kept, else to scratch; the others are written block by block.
-    let mut constant = vec![None; outs.len()];
-    for step in &plan.steps {
-        if let (Kind::Const(v), Some(o)) = (step.kind, step.output) {
-            constant[o] = Some(v);
-        }
-    }
+    let mut inputs = typed_inputs::<T>(call, ins)?;
+    // The product goes to its own output when kept, else to scratch; the
+    // other kept values are written block by block.
+    let head_output = call.outputs.iter().position(|&(k, _)| k == 0);
     let mut scratch: Vec<T>;
     let mut product: Option<&mut [T]> = None;
     let mut shared: SmallVec<[Shared<T>; 8]> = SmallVec::new();
-    for (o, (t, s)) in outs.iter_mut().enumerate() {
-        let numel = t.numel();
-        if t.dtype == DType::Bool {
-            let v = u8::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output is not bool"))?;
-            match constant[o] {
-                Some(c) => {
-                    v.fill(u8::from_f64(c));
-                    shared.push(Shared::None);
-                }
-                None => shared.push(Shared::B(v.as_mut_ptr(), v.len())),
+    for (o, slice) in write_constants(plan, typed_outputs(outs)?).into_iter().enumerate() {
+        shared.push(match slice {
+            None => Shared::None,
+            Some(OutSlice::T(v)) if Some(o) == head_output => {
+                product = Some(v);
+                Shared::None
             }
-            continue;
-        }
-        let v = T::of_mut(s).and_then(|v| v.get_mut(..numel)).ok_or_else(|| bad("output of the wrong dtype"))?;
-        if let Some(c) = constant[o] {
-            v.fill(T::from_f64(c));
-            shared.push(Shared::None);
-        } else if Some(o) == head_output {
-            product = Some(v);
-            shared.push(Shared::None);
-        } else {
-            shared.push(Shared::T(v.as_mut_ptr(), v.len()));
-        }
+            Some(OutSlice::T(v)) => Shared::T(v.as_mut_ptr(), v.len()),
+            Some(OutSlice::B(v)) => Shared::B(v.as_mut_ptr(), v.len()),
+        });
     }
     let product = match product {
         Some(p) => p,
