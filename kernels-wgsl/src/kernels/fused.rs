@@ -252,7 +252,9 @@ fn read_of(t: &TensorRef<'_>, n: usize) -> Read {
 }
 
 /// Check the call, cut it into segments and get each one's pipeline.
-fn plan(be: &WgpuBackend, call: &FusedCall<'_>, t: Ty) -> Result<Plan> {
+/// Check a group's inputs (broadcastable, of the group's type or bool) and
+/// outputs (each fits its op, none twice); which ops are kept.
+fn check_io(call: &FusedCall<'_>, t: Ty) -> Result<Vec<bool>> {
     let ops = call.ops;
     let n: usize = call.dims.iter().product();
     for (i, input) in call.inputs.iter().enumerate() {
@@ -272,6 +274,13 @@ fn plan(be: &WgpuBackend, call: &FusedCall<'_>, t: Ty) -> Result<Plan> {
         }
         kept[k as usize] = true;
     }
+    Ok(kept)
+}
+
+fn plan(be: &WgpuBackend, call: &FusedCall<'_>, t: Ty) -> Result<Plan> {
+    let ops = call.ops;
+    let n: usize = call.dims.iter().product();
+    let kept = check_io(call, t)?;
     // Check every op and find each value's last reader.
     let mut last_use: Vec<usize> = (0..ops.len()).collect();
     for (i, op) in ops.iter().enumerate() {

@@ -29,7 +29,7 @@ use kiln_core::backend::{run_head_split, FusedArg, FusedCall, TensorRef};
 use kiln_core::op::Op;
 use kiln_core::{DType, Result};
 
-use super::{bad, check_op, params as epilogue_words, Gen, Read, Source, PLANS_KEPT};
+use super::{bad, check_io, check_op, params as epilogue_words, Gen, Read, Source, PLANS_KEPT};
 use crate::kernels::matmul::{self, Launch};
 use crate::params::words;
 use crate::pipelines::Pipeline;
@@ -133,23 +133,7 @@ fn plan(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<Epilogue> {
     let ops = call.ops;
     let t = Ty::F32;
     let n: usize = call.dims.iter().product();
-    for (i, input) in call.inputs.iter().enumerate() {
-        broadcast_to(OP, input.dims, call.dims)?;
-        if input.dtype != DType::Bool && input.dtype != DType::F32 {
-            return Err(bad(format!("input {i} is {} in a group of f32", input.dtype)));
-        }
-    }
-    let mut kept = vec![false; ops.len()];
-    for &(k, out) in call.outputs {
-        let op = ops.get(k as usize).ok_or_else(|| bad(format!("output of op {k}, which does not exist")))?;
-        let fits = out.dtype == op.dtype
-            && (out.numel() == n || (out.numel() == 1 && matches!(op.op, Op::Full(_))))
-            && !kept[k as usize];
-        if !fits {
-            return Err(bad(format!("an output does not fit op {k}")));
-        }
-        kept[k as usize] = true;
-    }
+    let kept = check_io(call, t)?;
     for (i, op) in ops.iter().enumerate().skip(1) {
         check_op(call, i, op, t)?;
     }
