@@ -139,3 +139,85 @@ impl<T: Float + Scalar + Value> super::super::simd::Kernel for Epilogue<'_, '_, 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::cpu::testutil::rand_f32;
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::{run_head_split, Backend, BufferId, FusedArg, FusedCall, FusedMatMul, FusedOp, TensorRef};
+    use crate::dtype::{DType, HostData};
+    use crate::op::{Op, UnaryOp};
+
+    const MATMUL: Op = Op::MatMul { transpose_a: false, transpose_b: false };
+
+    fn buffer(be: &CpuBackend, data: &[f32]) -> BufferId {
+        let id = be.alloc(DType::F32, data.len()).unwrap();
+        be.upload(id, &HostData::F32(data.to_vec())).unwrap();
+        id
+    }
+
+    fn read(be: &CpuBackend, id: BufferId, n: usize) -> Vec<f32> {
+        match pollster::block_on(be.read(id, DType::F32, n)).unwrap() {
+            HostData::F32(v) => v,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Malformed product-headed calls are errors that say what is wrong,
+    /// and leave the backend usable: a good call afterwards computes
+    /// relu(a x b), the same as the product and a relu run alone.
+    #[test]
+    fn malformed_head_calls_are_errors_and_leave_the_backend_usable() {
+        let be = CpuBackend::new();
+        let (m, k, n) = (64, 48, 512); // column blocks: the fused path
+        let (av, bv) = (rand_f32(m * k, 1), rand_f32(k * n, 2));
+        let (a, b, out) = (buffer(&be, &av), buffer(&be, &bv), be.alloc(DType::F32, m * n).unwrap());
+        let (ad, bd, od) = ([m, k], [k, n], [m, n]);
+        let head = FusedMatMul {
+            transpose_a: false,
+            transpose_b: false,
+            a: TensorRef { buffer: a, dims: &ad, dtype: DType::F32 },
+            b: TensorRef { buffer: b, dims: &bd, dtype: DType::F32 },
+        };
+        let product = FusedOp { op: MATMUL, args: [FusedArg::Input(0); 3], arity: 0, dtype: DType::F32 };
+        let relu = FusedOp {
+            op: Op::Unary(UnaryOp::Relu),
+            args: [FusedArg::Op(0), FusedArg::Input(0), FusedArg::Input(0)],
+            arity: 1,
+            dtype: DType::F32,
+        };
+        let outputs = [(1u16, TensorRef { buffer: out, dims: &od, dtype: DType::F32 })];
+        let call = |ops: &[FusedOp], head: Option<FusedMatMul<'_>>, outputs: &[(u16, TensorRef<'_>)]| {
+            let call = FusedCall { dims: &od, ops, inputs: &[], outputs, plan_id: None, head };
+            be.run_fused(&call).map_err(|e| e.to_string())
+        };
+        let constant = FusedOp { op: Op::Full(1.0), ..product };
+        let err = call(&[constant, relu], Some(head), &outputs).unwrap_err();
+        assert!(err.contains("op 0 of a group with a head must be its MatMul"), "{err}");
+        let err = call(&[product, product], Some(head), &outputs).unwrap_err();
+        assert!(err.contains("op 1 is a MatMul that is not the group's head"), "{err}");
+        let bad_dims = [k + 1, n];
+        let bad = FusedMatMul { b: TensorRef { dims: &bad_dims, ..head.b }, ..head };
+        let err = call(&[product, relu], Some(bad), &outputs).unwrap_err();
+        assert!(err.contains("MatMul"), "{err}");
+        // An operand that is also an output: missing, never aliased.
+        let aliased = [(1u16, TensorRef { buffer: a, dims: &od, dtype: DType::F32 })];
+        assert!(call(&[product, relu], Some(head), &aliased).is_err());
+        let no_head = FusedCall { dims: &od, ops: &[relu], inputs: &[], outputs: &outputs, plan_id: None, head: None };
+        assert!(run_head_split(&be, &no_head).unwrap_err().to_string().contains("needs a call with a head"));
+
+        call(&[product, relu], Some(head), &outputs).unwrap();
+        let got = read(&be, out, m * n);
+        let plain = be.alloc(DType::F32, m * n).unwrap();
+        let refs = [head.a, head.b];
+        be.run(&crate::backend::KernelCall {
+            op: MATMUL,
+            inputs: &refs,
+            output: TensorRef { buffer: plain, dims: &od, dtype: DType::F32 },
+        })
+        .unwrap();
+        let want: Vec<u32> = read(&be, plain, m * n).iter().map(|v| v.max(0.0).to_bits()).collect();
+        assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+        assert_eq!(read(&be, a, m * k), av, "the operand is intact");
+    }
+}
