@@ -283,7 +283,11 @@ pub(super) fn run_group(
                     .ok_or_else(|| Error::backend("fused", format!("operand node {i} has no value")))?;
                 Ok(TensorRef { buffer, dims: dims_of(state, i), dtype: state.nodes[i as usize].dtype })
             };
-            let inputs = prepared.input_nodes.iter().map(|&i| tensor(i)).collect::<Result<Vec<_>>>()?;
+            // A plain loop rather than collect::<Result<Vec<_>>>(): the adapter costs ~200 B of the browser's wasm.
+            let mut inputs: Vec<TensorRef<'_>> = Vec::with_capacity(prepared.input_nodes.len());
+            for &i in &prepared.input_nodes {
+                inputs.push(tensor(i)?);
+            }
             let head = match (prepared.head, state.nodes[group.members[0] as usize].op) {
                 (Some([a, b]), Op::MatMul { transpose_a, transpose_b }) if !cfg!(target_arch = "wasm32") => {
                     Some(FusedMatMul { transpose_a, transpose_b, a: tensor(a)?, b: tensor(b)? })
