@@ -50,6 +50,9 @@ pub struct ExecStats {
     /// Of those groups, the ones headed by a matrix product: its epilogue
     /// (bias, activation...) fused into it.
     pub fused_products: usize,
+    /// Of those groups, the ones ending in a reduction (Sum, Max...): the
+    /// group is the reduction's prologue, e.g. `sum(exp(x - m))`.
+    pub fused_reductions: usize,
 }
 
 /// Counters of the pool: the executor tests read these to prove that buffers
@@ -219,12 +222,13 @@ impl Device {
     }
 
     /// Count one fused group of `nodes` nodes (one kernel).
-    pub(crate) fn count_fused(&self, nodes: usize, product: bool) {
+    pub(crate) fn count_fused(&self, nodes: usize, product: bool, reduction: bool) {
         let mut s = self.0.exec.get();
         s.kernels += 1;
         s.fused_groups += 1;
         s.fused_nodes += nodes;
         s.fused_products += product as usize;
+        s.fused_reductions += reduction as usize;
         self.0.exec.set(s);
     }
 

@@ -180,9 +180,7 @@ impl Graph {
                     }
                     if fuse {
                         if let Some(group) =
-                            fusion::plan_group(state, &order[pos - 1..], &mut marks, &uses, keep_saved, &|d| {
-                                backend.fuses_matmul(d)
-                            })
+                            fusion::plan_group(state, &order[pos - 1..], &mut marks, &uses, keep_saved, backend)
                         {
                             for &m in &group.members {
                                 marks[m as usize] |= RAN;

@@ -51,6 +51,7 @@ pub struct StepCounters {
     pub fused_groups_per_step: f64,
     pub fused_nodes_per_step: f64,
     pub fused_products_per_step: f64,
+    pub fused_reductions_per_step: f64,
     /// Executions that replayed a cached plan, and that planned anew.
     pub plans_reused_per_step: f64,
     pub plans_built_per_step: f64,
@@ -85,7 +86,7 @@ impl StepCounters {
         };
         format!(
             "kernels_per_step={:.1} concurrent_kernels_per_step={:.1} fused_groups_per_step={:.1} \
-             fused_nodes_per_step={:.1} fused_products_per_step={:.1} plans_reused_per_step={:.1} plans_built_per_step={:.1} \
+             fused_nodes_per_step={:.1} fused_products_per_step={:.1} fused_reductions_per_step={:.1} plans_reused_per_step={:.1} plans_built_per_step={:.1} \
              device_bytes_allocated_per_step={:.0} peak_device_mib={:.2} pipelines_compiled_per_step={:.1} \
              pipeline_cache_hits_per_step={:.1} kernel_trials_per_step={:.1} dispatches_per_step={:.1} {host}",
             self.kernels_per_step,
@@ -93,6 +94,7 @@ impl StepCounters {
             self.fused_groups_per_step,
             self.fused_nodes_per_step,
             self.fused_products_per_step,
+            self.fused_reductions_per_step,
             self.plans_reused_per_step,
             self.plans_built_per_step,
             self.device_bytes_allocated_per_step,
@@ -136,6 +138,7 @@ pub fn step_counters(
         fused_groups_per_step: per(exec.fused_groups, exec2.fused_groups),
         fused_nodes_per_step: per(exec.fused_nodes, exec2.fused_nodes),
         fused_products_per_step: per(exec.fused_products, exec2.fused_products),
+        fused_reductions_per_step: per(exec.fused_reductions, exec2.fused_reductions),
         plans_reused_per_step: per(exec.plans_reused, exec2.plans_reused),
         plans_built_per_step: per(exec.plans_built, exec2.plans_built),
         device_bytes_allocated_per_step: per(pool.backend_allocated_bytes, pool2.backend_allocated_bytes)

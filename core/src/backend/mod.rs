@@ -15,7 +15,8 @@ use std::pin::Pin;
 
 use crate::dtype::{DType, HostData};
 use crate::error::Result;
-use crate::op::Op;
+use crate::op::{Op, ReduceOp};
+use crate::shape::AxisSet;
 
 /// A backend's handle to one of its buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -100,6 +101,9 @@ pub enum FusedArg {
 /// group's dims). `dtype` is the op's output dtype. In a group with a head
 /// (`FusedCall::head`), op 0 is the head's `MatMul` with no operands: its
 /// value is the product, which the ops after it read like any op's value.
+/// In a group with a tail (`FusedCall::tail`), the last op is a `Reduce`
+/// (Sum, Prod, Max or Min) of an earlier op's value: its dims are the
+/// reduction's, not the group's, and it is always an output.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FusedOp {
     pub op: Op,
@@ -165,6 +169,31 @@ impl FusedCall<'_> {
     pub fn value_dtype(&self) -> Option<DType> {
         self.ops.iter().map(|o| o.dtype).chain(self.inputs.iter().map(|t| t.dtype)).find(|&d| d != DType::Bool)
     }
+
+    /// The group's tail, when its last op is a reduction: the reduction's
+    /// prologue is the rest of the group (e.g. `sum(exp(x - m))`), whose
+    /// reduced value need not be written to memory. Only sent to a backend
+    /// whose `fuses_reduce` says yes.
+    pub fn tail(&self) -> Option<FusedReduce> {
+        let last = self.ops.len().checked_sub(1)?;
+        match (self.ops[last].op, self.ops[last].args()) {
+            (Op::Reduce { op, axes, .. }, &[FusedArg::Op(source)]) => {
+                Some(FusedReduce { op, axes, source, index: last as u16 })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The reduction ending a fused group (`FusedCall::tail`): `op` over
+/// `axes` of the group's dims, of op `source`'s value; it is op `index`
+/// (the last) and its output is the call's output for that op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedReduce {
+    pub op: ReduceOp,
+    pub axes: AxisSet,
+    pub source: u16,
+    pub index: u16,
 }
 
 /// What a backend compiled and measured to run kernels, counted since it
@@ -242,6 +271,11 @@ pub trait Backend {
     fn fuses_matmul(&self, _dtype: DType) -> bool {
         false
     }
+    /// Whether `run_fused` takes groups ending in a reduction of values of
+    /// `dtype` (`FusedCall::tail`; `run_tail_split` is the fallback).
+    fn fuses_reduce(&self, _dtype: DType) -> bool {
+        false
+    }
     /// Update a parameter in place from its gradient.
     fn update_param(
         &self,
@@ -299,6 +333,53 @@ pub trait Backend {
     fn counters(&self) -> BackendCounters {
         BackendCounters::default()
     }
+}
+
+/// Run a call with a tail (`FusedCall::tail`) as two kernels: the group
+/// without its reduction, writing the reduced value (to its own output when
+/// kept, else to a scratch buffer), then the reduction by `run`. The same
+/// values as a fused kernel that follows the reduction's summation rule;
+/// for the layouts a backend's fused kernel does not cover.
+pub fn run_tail_split<B: Backend + ?Sized>(backend: &B, call: &FusedCall<'_>) -> Result<()> {
+    use crate::error::Error;
+    let Some(tail) = call.tail() else {
+        return Err(Error::backend("fused", "run_tail_split needs a call whose last op is a reduction"));
+    };
+    let (source, index) = (tail.source as usize, tail.index as usize);
+    let Some(src) = call.ops.get(source).filter(|_| source < index) else {
+        return Err(Error::backend("fused", format!("the reduction reads op {source}, which is not before it")));
+    };
+    let Some(&(_, reduced)) = call.outputs.iter().find(|(k, _)| *k as usize == index) else {
+        return Err(Error::backend("fused", "the reduction ending a group has no output"));
+    };
+    let numel: usize = call.dims.iter().product();
+    let kept = call.outputs.iter().find(|(k, _)| *k as usize == source).map(|&(_, t)| t.buffer);
+    let value = match kept {
+        Some(b) => b,
+        None => backend.alloc(src.dtype, numel)?,
+    };
+    let result = (|| {
+        let value_ref = TensorRef { buffer: value, dims: call.dims, dtype: src.dtype };
+        let mut outputs: Vec<(u16, TensorRef<'_>)> =
+            call.outputs.iter().filter(|(k, _)| (*k as usize) < index).copied().collect();
+        if kept.is_none() {
+            outputs.push((tail.source, value_ref));
+        }
+        // No plan id: the group without its tail is not the call's structure.
+        backend.run_fused(&FusedCall {
+            dims: call.dims,
+            ops: &call.ops[..index],
+            inputs: call.inputs,
+            outputs: &outputs,
+            plan_id: None,
+            head: call.head,
+        })?;
+        backend.run(&KernelCall { op: call.ops[index].op, inputs: &[value_ref], output: reduced })
+    })();
+    if kept.is_none() {
+        backend.free(value);
+    }
+    result
 }
 
 /// Run a call with a head (`FusedCall::head`) as two kernels: the product

@@ -18,12 +18,12 @@
 use smallvec::SmallVec;
 
 use super::{pinned, RAN, TARGET};
-use crate::backend::{BufferId, FusedArg, FusedCall, FusedMatMul, FusedOp, TensorRef};
+use crate::backend::{Backend, BufferId, FusedArg, FusedCall, FusedMatMul, FusedOp, TensorRef};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{GraphState, NodeId, SlabRange};
-use crate::op::{Family, Op};
+use crate::op::{Family, Op, ReduceOp};
 use crate::shape::Dims;
 
 /// Marks a node of the group being formed (cleared before returning).
@@ -88,11 +88,33 @@ fn dims_of(state: &GraphState, id: NodeId) -> &[usize] {
 
 /// Whether `id` can head a group: a matrix product of a dtype whose
 /// epilogue the backend fuses (`Backend::fuses_matmul`), operands computed.
-fn head_of(state: &GraphState, id: NodeId, fuses_matmul: &dyn Fn(DType) -> bool) -> bool {
+fn head_of(state: &GraphState, id: NodeId, backend: &dyn Backend) -> bool {
     let node = &state.nodes[id as usize];
     matches!(node.op, Op::MatMul { .. })
-        && fuses_matmul(node.dtype)
+        && backend.fuses_matmul(node.dtype)
         && SlabRange::of(&state.input_slab, node.inputs).iter().all(|&i| state.values[i as usize].is_some())
+}
+
+/// Whether `id` can end a group of `members` (values of dtype `value`) as
+/// its tail: a Sum, Prod, Max or Min the backend fuses, of a member that
+/// is not a constant (so its dims are the group's).
+fn tail_of(
+    state: &GraphState,
+    id: NodeId,
+    value: DType,
+    members: &[NodeId],
+    marks: &[u8],
+    backend: &dyn Backend,
+) -> bool {
+    let node = &state.nodes[id as usize];
+    let Op::Reduce { op, .. } = node.op else { return false };
+    let &[source] = SlabRange::of(&state.input_slab, node.inputs) else { return false };
+    marks[id as usize] & RAN == 0
+        && matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min)
+        && node.dtype == value
+        && backend.fuses_reduce(value)
+        && members.binary_search(&source).is_ok()
+        && !matches!(state.nodes[source as usize].op, Op::Full(_))
 }
 
 /// The group starting at `rest[0]`, if one of at least two nodes forms
@@ -105,15 +127,16 @@ pub(super) fn plan_group(
     marks: &mut [u8],
     uses: &[u32],
     keep_saved: bool,
-    fuses_matmul: &dyn Fn(DType) -> bool,
+    backend: &dyn Backend,
 ) -> Option<Group> {
     let mut value: Option<DType> = None;
     let mut dims: Option<Dims> = None;
     let mut members: Vec<NodeId> = Vec::new();
     // No backend of the browser build fuses products: leave the code out.
-    let head = rest.first().copied().filter(|&id| {
-        !cfg!(target_arch = "wasm32") && marks[id as usize] & RAN == 0 && head_of(state, id, fuses_matmul)
-    });
+    let head = rest
+        .first()
+        .copied()
+        .filter(|&id| !cfg!(target_arch = "wasm32") && marks[id as usize] & RAN == 0 && head_of(state, id, backend));
     if let Some(id) = head {
         value = Some(state.nodes[id as usize].dtype);
         dims = Some(Dims::from_slice(dims_of(state, id)));
@@ -170,6 +193,15 @@ pub(super) fn plan_group(
             || ((n.dtype == value || n.dtype == DType::Bool)
                 && (numel(state, m) == 1 || dims_of(state, m) == dims.as_slice()))
     });
+    // A reduction right after the group, of one of its values, ends it
+    // (the tail: the group is its prologue). Not in the browser build,
+    // whose backends do not fuse reductions.
+    if !cfg!(target_arch = "wasm32") && head.is_none() && constants_fit {
+        let next = rest.get(members.len()).copied();
+        if let Some(t) = next.filter(|&t| tail_of(state, t, value, &members, marks, backend)) {
+            members.push(t);
+        }
+    }
     if members.len() < 2 || !constants_fit {
         return None;
     }
@@ -300,7 +332,9 @@ pub(super) fn run_group(
                     (k, TensorRef { buffer, dims: dims_of(state, m), dtype: state.nodes[m as usize].dtype })
                 })
                 .collect();
-            device.count_fused(group.members.len(), prepared.head.is_some());
+            let tail =
+                !cfg!(target_arch = "wasm32") && prepared.ops.last().is_some_and(|o| matches!(o.op, Op::Reduce { .. }));
+            device.count_fused(group.members.len(), prepared.head.is_some(), tail);
             backend.run_fused(&FusedCall {
                 dims: &group.dims,
                 ops: &prepared.ops,

@@ -21,10 +21,11 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::op::expr::compare as compare_values;
 use crate::op::{with_binary, with_compare, with_unary};
-use crate::op::{CompareOp, Expr, Op, Value};
-use crate::shape::Dims;
+use crate::op::{CompareOp, Expr, Op, ReduceOp, Value};
+use crate::shape::{AxisSet, Dims};
 
 mod head;
+mod tail;
 
 const NAME: &str = "fused";
 /// Elements per tile: the tiles of a group's live values stay in L1.
@@ -84,6 +85,17 @@ pub(super) struct Plan {
     b_tiles: usize,
     /// Work per element (sum of the ops' costs).
     weight: usize,
+    /// The reduction ending the group (`FusedCall::tail`).
+    tail: Option<TailPlan>,
+}
+
+/// A group's tail: `op` of the value in T-tile `src` (over the call's
+/// axes), into output `output`.
+#[derive(Clone, Copy, Debug)]
+struct TailPlan {
+    op: ReduceOp,
+    src: usize,
+    output: usize,
 }
 
 fn bad(message: impl Into<String>) -> Error {
@@ -139,14 +151,21 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
             }
         }
     }
+    // The tail's axes, within the group's rank (as `reduce` takes them),
+    // and the number of values it makes.
+    let tail = call.tail().map(|r| (r, AxisSet(r.axes.0 & AxisSet::all(call.dims.len()).0)));
+    let reduced = tail.map(|(_, axes)| {
+        call.dims.iter().enumerate().filter(|&(d, _)| !axes.contains(d)).map(|(_, &m)| m).product::<usize>()
+    });
     let mut outputs: Vec<Option<usize>> = vec![None; ops.len()];
     for (o, &(k, t)) in call.outputs.iter().enumerate() {
         let Some(op) = ops.get(k as usize) else { return Err(bad(format!("output of op {k}, which does not exist"))) };
         let numel = t.numel();
-        if t.dtype != op.dtype
-            || !(numel == n || (numel == 1 && matches!(op.op, Op::Full(_))))
-            || outputs[k as usize].is_some()
-        {
+        let fits = match tail {
+            Some((r, _)) if r.index == k => Some(numel) == reduced,
+            _ => numel == n || (numel == 1 && matches!(op.op, Op::Full(_))),
+        };
+        if t.dtype != op.dtype || !fits || outputs[k as usize].is_some() {
             return Err(bad(format!("output {o} does not fit op {k}")));
         }
         outputs[k as usize] = Some(o);
@@ -156,10 +175,33 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
     let mut steps = Vec::with_capacity(ops.len());
     let mut weight = 0usize;
     let mut consts: Vec<(u64, bool, Loc)> = Vec::new();
+    let mut tail_plan = None;
     for (i, op) in ops.iter().enumerate() {
         let is_bool = op.dtype == DType::Bool;
         if !is_bool && op.dtype != value {
             return Err(bad(format!("op {i} makes {} in a group of {value}", op.dtype)));
+        }
+        if let Op::Reduce { op: r, .. } = op.op {
+            // Only the last op, of an earlier computed value (`FusedCall::tail`).
+            let source = match (tail, op.args()) {
+                (Some((t, _)), &[FusedArg::Op(k)]) if t.index as usize == i => Some(k as usize),
+                _ => None,
+            };
+            let src = source.and_then(|k| match (ops[k].op, locs[k]) {
+                (Op::Full(_), _) => None,
+                (_, Loc::T(slot)) => Some(slot),
+                _ => None,
+            });
+            let (Some(src), Some(_), false) = (src, tail, is_bool) else {
+                return Err(bad(format!("op {i} is a reduction that does not end the group, of a value it computes")));
+            };
+            if !matches!(r, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Max | ReduceOp::Min) {
+                return Err(bad(format!("{} cannot end a fused group", op.op.name())));
+            }
+            let Some(output) = outputs[i] else { return Err(bad("the reduction ending the group has no output")) };
+            tail_plan = Some(TailPlan { op: r, src, output });
+            locs.push(Loc::Input(usize::MAX));
+            continue;
         }
         if let Op::MatMul { .. } = op.op {
             // Only op 0 of a group with a head, without operands.
@@ -284,13 +326,51 @@ fn plan(call: &FusedCall<'_>, value: DType) -> Result<Plan> {
         locs.push(dst);
         steps.push(Step { kind, args, dst, output: outputs[i], fill: true });
     }
-    Ok(Plan { steps, reads, t_tiles, b_tiles, weight: weight.max(1) })
+    Ok(Plan { steps, reads, t_tiles, b_tiles, weight: weight.max(1), tail: tail_plan })
 }
 
 /// A kept value's destination, typed.
 enum OutSlice<'a, T> {
     T(&'a mut [T]),
     B(&'a mut [u8]),
+}
+
+/// A kept value's buffer, written by several tasks at once (a product's
+/// column blocks, a tail's spans), each its own elements.
+#[derive(Clone, Copy)]
+enum Shared<T> {
+    /// Not written by the tasks (a constant, written whole, a product
+    /// or a reduction written apart).
+    None,
+    T(*mut T, usize),
+    B(*mut u8, usize),
+}
+
+// SAFETY: the pointers come from unique borrows of the outputs that outlive
+// the tasks' scope and are not otherwise used while it runs; the tasks
+// write disjoint elements through them (`segment`).
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// Elements `start..start + len` as an output slice.
+    ///
+    /// # Safety
+    /// No other live slice from this buffer overlaps the range: each task
+    /// asks for its own elements only.
+    unsafe fn segment<'a>(self, start: usize, len: usize) -> Option<OutSlice<'a, T>> {
+        match self {
+            Shared::None => None,
+            Shared::T(p, n) => {
+                assert!(start + len <= n, "segment {start}+{len} of {n}");
+                Some(OutSlice::T(std::slice::from_raw_parts_mut(p.add(start), len)))
+            }
+            Shared::B(p, n) => {
+                assert!(start + len <= n, "segment {start}+{len} of {n}");
+                Some(OutSlice::B(std::slice::from_raw_parts_mut(p.add(start), len)))
+            }
+        }
+    }
 }
 
 /// An input's data, typed.
@@ -317,6 +397,15 @@ pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
             }
         }
         Some(_) => return Err(super::unsupported_dtype("MatMul", value)),
+        None => None,
+    };
+    // A group ending in a reduction: fused in the two layouts `tail`
+    // covers, else the group and then the reduction.
+    let tail = match call.tail() {
+        Some(r) => match tail::Layout::of(call.dims, AxisSet(r.axes.0 & AxisSet::all(call.dims.len()).0)) {
+            Some(layout) if call.head.is_none() => Some(layout),
+            _ => return crate::backend::run_tail_split(be, call),
+        },
         None => None,
     };
     let plan = match call.plan_id {
@@ -367,6 +456,9 @@ pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
             for (t, s) in &taken {
                 CpuBackend::check(NAME, t, s)?;
             }
+            if let Some(layout) = tail {
+                return with_num!(value, NAME, T => tail::eval::<T>(call, plan, layout, &ins, &mut taken));
+            }
             if let Some((h, blocked)) = &blocked {
                 let operands = [stored(&h.a, "MatMul")?, stored(&h.b, "MatMul")?];
                 return with_float!(value, NAME, T => head::eval::<T>(call, h, blocked, plan, &ins, operands, &mut taken));
@@ -386,6 +478,9 @@ fn eval<T: Scalar + Value>(
     ins: &[&CpuStorage],
     outs: &mut [(TensorRef<'_>, CpuStorage)],
 ) -> Result<()> {
+    if plan.tail.is_some() {
+        return Err(bad("a group with a tail run without it"));
+    }
     let n: usize = call.dims.iter().product();
     let inputs = typed_inputs::<T>(call, ins)?;
     let kept = write_constants(plan, typed_outputs(outs)?);
@@ -534,7 +629,7 @@ fn eval_chunk<T: Scalar + Value>(
     let mut t: Tiles<T> = Tiles::new(plan.t_tiles, tile);
     let mut b: Tiles<u8> = Tiles::new(plan.b_tiles, tile);
     fill_constants(plan, inputs, &mut t, &mut b);
-    eval_range(dims, plan, &mut t, &mut b, inputs, outs, start, end);
+    eval_range(dims, plan, &mut t, &mut b, inputs, outs, start, end, None);
 }
 
 /// Once per chunk: one-element inputs and constants fill their tiles.
@@ -561,7 +656,8 @@ fn fill_constants<T: Scalar + Value>(plan: &Plan, inputs: &[InSlice<'_, T>], t: 
 }
 
 /// Elements `start..end` of the group, a tile at a time; `outs` hold the
-/// kept values' elements from `start` on.
+/// kept values' elements from `start` on. `capture`: (T-tile, destination)
+/// also copies that tile's value out (a tail's reduced value), from `start`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn eval_range<T: Scalar + Value>(
@@ -573,6 +669,7 @@ fn eval_range<T: Scalar + Value>(
     outs: &mut [Option<OutSlice<'_, T>>],
     start: usize,
     end: usize,
+    mut capture: Option<(usize, &mut [T])>,
 ) {
     let tile = t.tile.max(b.tile);
     let mut s = start;
@@ -598,6 +695,10 @@ fn eval_range<T: Scalar + Value>(
                     _ => unreachable!("plan matched outputs to op dtypes"),
                 }
             }
+        }
+        if let Some((slot, dst)) = capture.as_mut() {
+            let local = s - start;
+            dst[local..local + len].copy_from_slice(&t.view().get(*slot)[..len]);
         }
         s += len;
     }

@@ -596,6 +596,12 @@ impl Backend for CpuBackend {
         !self.portable && matches!(dtype, DType::F32 | DType::F64)
     }
 
+    /// Reductions with their element-wise prologue (`fused::tail`).
+    #[cfg(feature = "fusion")]
+    fn fuses_reduce(&self, dtype: DType) -> bool {
+        !self.portable && matches!(dtype, DType::F32 | DType::F64 | DType::I32)
+    }
+
     fn update_param(
         &self,
         upd: &ParamUpdate,

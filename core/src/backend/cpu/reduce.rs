@@ -24,9 +24,9 @@ use crate::op::ReduceOp;
 use crate::shape::{contiguous_strides, AxisSet, Dims};
 
 /// Work weight of one reduced element (see `PAR_THRESHOLD`).
-const COST: usize = 2;
+pub(super) const COST: usize = 2;
 /// Rows folded together in the reduced-axes-innermost loop.
-const LANES: usize = 8;
+pub(super) const LANES: usize = 8;
 
 /// Where the reduced elements of each output lie in the input.
 struct Geometry {
@@ -230,20 +230,20 @@ fn fold<T: Num>(x: &[T], g: &Geometry, out: &mut [T], init: Option<T>, f: impl F
 pub(crate) const LEAF: usize = 128;
 /// Fewer outputs than this with long blocks: split each block across threads
 /// instead of handing whole outputs to threads.
-const PAR_BLOCKS_BELOW: usize = 16;
+pub(super) const PAR_BLOCKS_BELOW: usize = 16;
 
 /// How one leaf is folded, and the combining function of the tree.
 #[derive(Clone, Copy)]
-struct Leaf<T, F> {
-    init: Option<T>,
-    f: F,
+pub(super) struct Leaf<T, F> {
+    pub(super) init: Option<T>,
+    pub(super) f: F,
 }
 
 impl<T: Num, F: Fn(T, T) -> T + Copy> Leaf<T, F> {
     /// Fold a leaf's values left to right (at least one value when `init`
     /// is None).
     #[inline]
-    fn fold(&self, mut vals: impl Iterator<Item = T>) -> T {
+    pub(super) fn fold(&self, mut vals: impl Iterator<Item = T>) -> T {
         let mut acc = match self.init {
             Some(i) => i,
             None => vals.next().expect("blocks of Max/Min are non-empty"),
@@ -292,14 +292,14 @@ impl<V> Tree<V> {
 /// Leaves per parallel task: a power of two (so tasks are complete subtrees
 /// and the bits do not depend on it) giving a few tasks per thread.
 #[cfg(feature = "rayon")]
-fn leaves_per_task(leaves: usize) -> usize {
+pub(super) fn leaves_per_task(leaves: usize) -> usize {
     let tasks = rayon::current_num_threads() * 4;
     leaves.div_ceil(tasks).next_power_of_two().max(PAR_THRESHOLD / (LEAF * COST * 4)).max(1)
 }
 
 /// Whether `elements` are worth splitting across threads.
 #[cfg(feature = "rayon")]
-fn parallel_worth(elements: usize) -> bool {
+pub(super) fn parallel_worth(elements: usize) -> bool {
     elements.saturating_mul(COST) >= PAR_THRESHOLD
 }
 
@@ -336,7 +336,11 @@ fn tree_of_leaves<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
 
 /// One contiguous block by the rule: LANES leaves at a time folded in
 /// lockstep (each still left to right) to hide the adds' latency.
-fn fold_contiguous<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(x: &[T], leaf: Leaf<T, F>, parallel: bool) -> T {
+pub(super) fn fold_contiguous<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
+    x: &[T],
+    leaf: Leaf<T, F>,
+    parallel: bool,
+) -> T {
     if x.len() <= LEAF {
         return leaf.fold(x.iter().copied());
     }

@@ -12,48 +12,12 @@ use super::super::matmul::{Block, Blocked};
 use super::super::scalar::{Float, Scalar};
 use super::super::CpuStorage;
 use super::{
-    bad, eval_range, fill_constants, typed_inputs, typed_outputs, write_constants, InSlice, OutSlice, Plan, Tiles, TILE,
+    bad, eval_range, fill_constants, typed_inputs, typed_outputs, write_constants, InSlice, OutSlice, Plan, Shared,
+    Tiles, TILE,
 };
 use crate::backend::{FusedCall, FusedMatMul, TensorRef};
 use crate::error::Result;
 use crate::op::Value;
-
-/// A kept value's buffer, written by several column blocks at once.
-#[derive(Clone, Copy)]
-enum Shared<T> {
-    /// Not written by the blocks (a constant, written whole, or the
-    /// product itself).
-    None,
-    T(*mut T, usize),
-    B(*mut u8, usize),
-}
-
-// SAFETY: the pointers come from unique borrows of the outputs that outlive
-// the blocks' scope and are not otherwise used while it runs; the blocks
-// write disjoint elements through them (`segment`).
-unsafe impl<T> Send for Shared<T> {}
-unsafe impl<T> Sync for Shared<T> {}
-
-impl<T> Shared<T> {
-    /// Elements `start..start + len` as an output slice.
-    ///
-    /// # Safety
-    /// No other live slice from this buffer overlaps the range: each block
-    /// asks for its own columns of its own rows only.
-    unsafe fn segment<'a>(self, start: usize, len: usize) -> Option<OutSlice<'a, T>> {
-        match self {
-            Shared::None => None,
-            Shared::T(p, n) => {
-                assert!(start + len <= n, "segment {start}+{len} of {n}");
-                Some(OutSlice::T(std::slice::from_raw_parts_mut(p.add(start), len)))
-            }
-            Shared::B(p, n) => {
-                assert!(start + len <= n, "segment {start}+{len} of {n}");
-                Some(OutSlice::B(std::slice::from_raw_parts_mut(p.add(start), len)))
-            }
-        }
-    }
-}
 
 pub(super) fn eval<T: Float + Scalar + Value>(
     call: &FusedCall<'_>,
@@ -135,7 +99,7 @@ impl<T: Float + Scalar + Value> super::super::simd::Kernel for Epilogue<'_, '_, 
             // the slices die before the next row's are made.
             let mut outs: SmallVec<[Option<OutSlice<'_, T>>; 8]> =
                 shared.iter().map(|s| unsafe { s.segment(start, block.cols) }).collect();
-            eval_range(dims, plan, &mut t, &mut b, &row_inputs, &mut outs, start, start + block.cols);
+            eval_range(dims, plan, &mut t, &mut b, &row_inputs, &mut outs, start, start + block.cols, None);
         }
     }
 }
