@@ -11,6 +11,11 @@
 //! they had been computed and freed at their last use; one requested later
 //! is recomputed like any freed value.
 //!
+//! Two extensions, each only for a backend that asks for it: a matrix
+//! product may head a group (its epilogue: `Backend::fuses_matmul`), and a
+//! Sum/Prod/Max/Min of a member right after the group may end it (its
+//! prologue: `Backend::fuses_reduce`); docs/performance.md explains both.
+//!
 //! The backend evaluates each op per element with the function its own
 //! kernel uses, so results are bit-identical with fusion off
 //! (`Device::set_fusion(false)` or `KILN_FUSION=0`).
