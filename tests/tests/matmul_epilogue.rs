@@ -4,23 +4,10 @@
 //! same bits as fusion off — forward, backward, kept and unkept products,
 //! transposed and batched operands, and shapes that take the unfused form.
 
-use kiln::{Blocking, Device, ExecStats, Graph, Tensor};
+use kiln::{Blocking, Device, ExecStats, Graph};
 
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x % 2001) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
-
-fn bits(t: &Tensor<'_>) -> Vec<u32> {
-    t.to_vec_blocking::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
-}
+mod common;
+use common::{bits, data};
 
 /// relu(x·Wᵀ + b) then tanh(h·V + c)·0.5, with gradients of x, W, b, V, c:
 /// every value and gradient's bits, and the executor's counts.

@@ -4,23 +4,10 @@
 //! the same bits as fusion off: rows short and long, columns few and many,
 //! the layouts that run split, kept prologue values, gradients, f64, i32.
 
-use kiln::{Blocking, DType, Device, ExecStats, Graph, Tensor};
+use kiln::{Blocking, DType, Device, ExecStats, Graph};
 
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x % 2001) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
-
-fn bits(t: &Tensor<'_>) -> Vec<u32> {
-    t.to_vec_blocking::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
-}
+mod common;
+use common::{bits, data};
 
 /// Every reduction of `exp(x * 0.5 - 0.25)` (and of `x * x + x`, whose
 /// products stay finite) over `axes` of a tensor of `dims`, and the

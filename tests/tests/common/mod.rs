@@ -86,3 +86,22 @@ pub fn assert_close(actual: &[f64], expected: &[f64], tol: f64) {
         assert!(ok, "element {i}: got {a}, expected {e} (tol {tol})\n  got      {actual:?}\n  expected {expected:?}");
     }
 }
+
+/// `n` values in [-1, 1] from an xorshift stream seeded by `seed`:
+/// reproducible inputs for the bit-for-bit fusion tests.
+pub fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+/// An f32 tensor's values as bits, to compare exactly.
+pub fn bits(t: &Tensor<'_>) -> Vec<u32> {
+    t.to_vec_blocking::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+}

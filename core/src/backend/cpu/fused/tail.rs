@@ -285,12 +285,7 @@ fn columns<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
     leaf: Leaf<T, F>,
 ) -> Vec<T> {
     let width = cs.len();
-    let merge = |mut a: Vec<T>, b: Vec<T>| {
-        for (a, b) in a.iter_mut().zip(b) {
-            *a = (leaf.f)(*a, b);
-        }
-        a
-    };
+    let merge = |a, b| merge_columns(leaf, a, b);
     let per = if width == cols { column_span(cols, width) / cols } else { 1 };
     let mut tree = Tree::new();
     let mut acc: Vec<T> = Vec::new();
@@ -343,12 +338,7 @@ fn long_columns<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
                 columns(ctx, &mut w, cols, 0..cols, t * per..((t + 1) * per).min(block), leaf)
             })
             .collect();
-        let merge = |mut a: Vec<T>, b: Vec<T>| {
-            for (a, b) in a.iter_mut().zip(b) {
-                *a = (leaf.f)(*a, b);
-            }
-            a
-        };
+        let merge = |a, b| merge_columns(leaf, a, b);
         let mut tree = Tree::new();
         for p in parts {
             tree.push(p, &merge);
@@ -357,6 +347,14 @@ fn long_columns<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
     }
     let mut w = ctx.work(column_span(cols, cols));
     columns(ctx, &mut w, cols, 0..cols, 0..block, leaf)
+}
+
+/// Two leaves' (or parts') column values combined, column by column.
+fn merge_columns<T: Num, F: Fn(T, T) -> T + Copy>(leaf: Leaf<T, F>, mut a: Vec<T>, b: Vec<T>) -> Vec<T> {
+    for (a, b) in a.iter_mut().zip(b) {
+        *a = (leaf.f)(*a, b);
+    }
+    a
 }
 
 #[cfg(test)]
