@@ -54,6 +54,14 @@ pub struct WgpuOptions {
     /// where the adapter rounds every op. `KILN_FUSE_MATMUL=1` or `=0`
     /// sets it from the environment when it is `None`.
     pub fuse_matmul_epilogue: Option<bool>,
+    /// Whether a Sum, Prod, Max or Min and the element-wise group computing
+    /// what it reduces (e.g. `sum(exp(x - m))`) run as one generated kernel
+    /// (`Backend::fuses_reduce`, native only) or as a fused element-wise
+    /// kernel and the reduction's. `None` (the default) fuses them. The
+    /// same bits either way where the adapter rounds every op.
+    /// `KILN_FUSE_REDUCE=1` or `=0` sets it from the environment when it is
+    /// `None`.
+    pub fuse_reduce_prologue: Option<bool>,
 }
 
 impl Default for WgpuOptions {
@@ -69,6 +77,7 @@ impl Default for WgpuOptions {
             max_fused_ops: None,
             grouped_optimizer_update: None,
             fuse_matmul_epilogue: None,
+            fuse_reduce_prologue: None,
         }
     }
 }

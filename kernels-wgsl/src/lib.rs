@@ -127,12 +127,17 @@ pub struct WgpuBackend {
     /// (`WgpuOptions::fuse_matmul_epilogue`).
     #[cfg(not(target_arch = "wasm32"))]
     fuse_matmul: bool,
+    /// Reductions fused with the element-wise group they reduce
+    /// (`WgpuOptions::fuse_reduce_prologue`).
+    #[cfg(not(target_arch = "wasm32"))]
+    fuse_reduce: bool,
 }
 
 /// An on/off switch from the environment, `NAME=1` or `=0`, for
 /// measurements (the `WgpuOptions` field wins when set):
 /// `KILN_GROUPED_UPDATE` (group optimizer updates, whatever the adapter)
-/// and `KILN_FUSE_MATMUL` (fuse matmul epilogues).
+/// `KILN_FUSE_MATMUL` (fuse matmul epilogues) and `KILN_FUSE_REDUCE`
+/// (fuse reduction prologues).
 #[cfg(not(target_arch = "wasm32"))]
 fn switch_from_env(name: &str) -> Option<bool> {
     match std::env::var(name).as_deref() {
@@ -181,6 +186,8 @@ impl WgpuBackend {
                 .unwrap_or(hardware),
             #[cfg(not(target_arch = "wasm32"))]
             fuse_matmul: options.fuse_matmul_epilogue.or_else(|| switch_from_env("KILN_FUSE_MATMUL")).unwrap_or(true),
+            #[cfg(not(target_arch = "wasm32"))]
+            fuse_reduce: options.fuse_reduce_prologue.or_else(|| switch_from_env("KILN_FUSE_REDUCE")).unwrap_or(true),
         })
     }
 
@@ -543,6 +550,14 @@ impl Backend for WgpuBackend {
     #[cfg(not(target_arch = "wasm32"))]
     fn fuses_matmul(&self, dtype: DType) -> bool {
         self.fuse_matmul && dtype == DType::F32
+    }
+
+    /// Natively, a Sum/Prod/Max/Min of an f32 or i32 group's value runs as
+    /// one generated kernel with the group (kernels/fused/tail.rs) unless
+    /// `WgpuOptions::fuse_reduce_prologue` says no; not in the browser.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn fuses_reduce(&self, dtype: DType) -> bool {
+        self.fuse_reduce && matches!(dtype, DType::F32 | DType::I32)
     }
 
     #[cfg(not(target_arch = "wasm32"))]

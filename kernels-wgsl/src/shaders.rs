@@ -179,6 +179,13 @@ pub enum Kernel {
         kernel: crate::kernels::matmul_tune::MatMulKernel,
         ops: u32,
     },
+    /// A reduction whose elements are computed by a fused group's `ops`
+    /// (kernels/fused/tail.rs; native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    FusedReduce {
+        op: ReduceOp,
+        ops: u32,
+    },
 }
 
 impl Kernel {
@@ -282,6 +289,8 @@ impl Kernel {
             Kernel::Norm => NORM.to_string(),
             Kernel::Custom(_) => unreachable!("handled above"),
             Kernel::Fused { .. } | Kernel::FusedMatMul { .. } => return None,
+            #[cfg(not(target_arch = "wasm32"))]
+            Kernel::FusedReduce { .. } => return None,
         };
         Some(format!("{COMMON}\n{body}"))
     }

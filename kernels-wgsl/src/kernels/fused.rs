@@ -36,6 +36,7 @@ use kiln_core::{DType, Error, Result};
 use super::{ty, unsupported_dtype};
 
 mod head;
+mod tail;
 use crate::geometry::{collapse, word};
 use crate::pipelines::Pipeline;
 use crate::shaders::{self, Kernel, Ty, MAX_DIMS};
@@ -96,10 +97,13 @@ pub(crate) struct FusedCache {
     /// Multi-tensor optimizer kernels (`update::update_many`) by the kind
     /// of each tensor's update, which fixes their text.
     updates: HashMap<Vec<u8>, Rc<Pipeline>>,
-    /// Groups headed by a product (`head`): their epilogues by plan id, and
-    /// the generated kernels by (matmul module, entry point, epilogue text).
+    /// Groups headed by a product (`head`) and groups ending in a reduction
+    /// (`tail`): their epilogues and prologues by plan id, and the kernels
+    /// generated from a module's text by (module, entry point, generated
+    /// text).
     head_plans: HashMap<u64, Rc<head::Epilogue>>,
-    head_pipelines: HashMap<(Kernel, &'static str, String), Rc<Pipeline>>,
+    tail_plans: HashMap<u64, Rc<tail::Prologue>>,
+    rewritten: HashMap<(Kernel, &'static str, String), Rc<Pipeline>>,
 }
 
 /// Scratch kept for reuse at most: buffers, and their bytes.
@@ -113,6 +117,9 @@ fn bad(message: impl Into<String>) -> Error {
 pub(crate) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
     if call.head.is_some() {
         return head::run(be, call);
+    }
+    if call.tail().is_some() {
+        return tail::run(be, call);
     }
     let value = call.value_dtype().ok_or_else(|| bad("a group without a value of a numeric dtype"))?;
     if value == DType::F64 {
@@ -293,10 +300,11 @@ fn plan(be: &WgpuBackend, call: &FusedCall<'_>, t: Ty) -> Result<Plan> {
     }
     let is_const = |k: usize| matches!(ops[k].op, Op::Full(_));
     let limits = &be.ctx().limits;
-    // Binding 0 holds the parameters.
+    // Binding 0 holds the parameters. (A segment holds one op whatever
+    // this says: an op that needs more bindings than the device has fails
+    // there as its own kernel would.)
     let max_bindings = (limits.max_storage_buffers_per_shader_stage.min(limits.max_bindings_per_bind_group) as usize)
-        .saturating_sub(1)
-        .max(4);
+        .saturating_sub(1);
     let max_ops = be.max_fused_ops().max(1);
 
     // Greedy cut: extend a segment while its bindings (distinct values read
@@ -419,9 +427,127 @@ struct Gen<'c, 'a> {
     broadcast: usize,
     /// The prefix of the read bindings' names.
     binding: &'static str,
+    /// Values computed so far (`v0`, `v1`, ...).
+    values: usize,
 }
 
-impl Gen<'_, '_> {
+impl<'c, 'a> Gen<'c, 'a> {
+    /// A generator over `call`'s ops in type `t`, `n` elements, reading
+    /// bindings named `binding0`, `binding1`, ...
+    fn new(call: &'c FusedCall<'a>, t: Ty, n: usize, binding: &'static str) -> Self {
+        Gen {
+            call,
+            t,
+            n,
+            reads: Vec::new(),
+            consts: Vec::new(),
+            names: HashMap::new(),
+            read_lines: String::new(),
+            body: String::new(),
+            broadcast: 0,
+            binding,
+            values: 0,
+        }
+    }
+
+    /// Print ops `range` (checked by `check_op`) as `let vN = ...;`, each
+    /// with scalar.wgsl's function as its own kernel prints it; constants
+    /// are printed where they are read.
+    fn compute(&mut self, range: std::ops::Range<usize>) {
+        let ops = self.call.ops;
+        for k in range {
+            let op = &ops[k];
+            if let Op::Full(_) = op.op {
+                continue;
+            }
+            let args: Vec<String> = op.args().iter().map(|a| self.name(a)).collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let expr = match op.op {
+                Op::Unary(_) | Op::Binary(_) => shaders::op_expr(op.op, self.t, &args).expect("checked by check_op"),
+                Op::Compare(c) => shaders::compare_expr_of(c, self.t, &args),
+                _ => format!("select({}, {}, {} != 0u)", args[2], args[1], args[0]),
+            };
+            let name = format!("v{}", self.values);
+            self.values += 1;
+            let _ = writeln!(self.body, "    let {name} = {expr};");
+            self.names.insert(k, name);
+        }
+    }
+
+    /// The offsets `o0`, `o1`, ... of the broadcast reads at flat index
+    /// `i`, from the parameter fields `{p}rank`, `{p}dims`, `{p}strides`
+    /// (empty when nothing is broadcast).
+    fn offsets(&self, p: &str) -> String {
+        let mut f = String::new();
+        if self.broadcast == 0 {
+            return f;
+        }
+        for j in 0..self.broadcast {
+            let _ = writeln!(f, "    var o{j} = 0u;");
+        }
+        let _ = write!(
+            f,
+            "    var rem = i;\n    for (var d = params.{p}rank; d > 0u; d = d - 1u) {{\n        \
+             let m = params.{p}dims[d - 1u];\n        let k = rem % m;\n        rem = rem / m;\n"
+        );
+        for j in 0..self.broadcast {
+            let _ = writeln!(f, "        o{j} += k * params.{p}strides[{j}][d - 1u];");
+        }
+        f.push_str("    }\n");
+        f
+    }
+
+    /// The parameter fields the generated code reads: `{p}rank`, `{p}dims`,
+    /// `{p}strides` (one row per broadcast read) and `consts` (in the
+    /// order of `params`' words after `n`).
+    fn fields(&self, p: &str) -> String {
+        let mut f = format!("    {p}rank: u32,\n    {p}dims: array<u32, MAX_DIMS>,\n");
+        if self.broadcast > 0 {
+            let _ = writeln!(f, "    {p}strides: array<array<u32, MAX_DIMS>, {}>,", self.broadcast);
+        }
+        if !self.consts.is_empty() {
+            let _ = writeln!(f, "    consts: array<u32, {}>,", self.consts.len());
+        }
+        f
+    }
+
+    /// The bindings from number `first`: the reads (`{r}0`, ...), then the
+    /// values `writes` (`{w}0`, ...); bools are u32 words.
+    fn bindings(&self, writes: &[usize], first: usize, (r, w): (&str, &str)) -> String {
+        let ops = self.call.ops;
+        let word = |dtype: DType| if dtype == DType::Bool { "u32" } else { self.t.wgsl() };
+        let mut f = String::new();
+        for (j, &(source, _)) in self.reads.iter().enumerate() {
+            let dtype = match source {
+                Source::Input(k) => self.call.inputs[k as usize].dtype,
+                Source::Op(k) => ops[k as usize].dtype,
+            };
+            let _ = writeln!(f, "@group(0) @binding({}) var<storage, read> {r}{j}: array<{}>;", first + j, word(dtype));
+        }
+        for (j, &k) in writes.iter().enumerate() {
+            let at = first + self.reads.len() + j;
+            let _ =
+                writeln!(f, "@group(0) @binding({at}) var<storage, read_write> {w}{j}: array<{}>;", word(ops[k].dtype));
+        }
+        f
+    }
+
+    /// The stores of the values `writes` at flat index `i` into bindings
+    /// `{w}0`, `{w}1`, ...; a kept scalar constant is written once.
+    fn stores(&self, writes: &[usize], w: &str) -> String {
+        let mut f = String::new();
+        for (j, &k) in writes.iter().enumerate() {
+            let one = self.call.outputs.iter().any(|&(o, t)| o as usize == k && t.numel() == 1) && self.n != 1;
+            let value = &self.names[&k];
+            if one {
+                let _ = writeln!(f, "    if (i == 0u) {{\n        {w}{j}[0] = {value};\n    }}");
+            } else {
+                let _ = writeln!(f, "    {w}{j}[i] = {value};");
+            }
+        }
+        f
+    }
+
     /// The local name of an operand, binding or printing it at first use.
     fn name(&mut self, a: &FusedArg) -> String {
         let ops = self.call.ops;
@@ -477,93 +603,26 @@ fn generate(
     writes: &[usize],
     n: usize,
 ) -> (String, Vec<(Source, Read)>, Vec<usize>) {
-    let ops = call.ops;
-    let ty = t.wgsl();
-    let mut g = Gen {
-        call,
-        t,
-        n,
-        reads: Vec::new(),
-        consts: Vec::new(),
-        names: HashMap::new(),
-        read_lines: String::new(),
-        body: String::new(),
-        broadcast: 0,
-        binding: "b",
-    };
-    let mut count = 0usize;
-    for (k, op) in ops.iter().enumerate().take(e).skip(s) {
-        if let Op::Full(_) = op.op {
-            continue; // printed where read
-        }
-        let args: Vec<String> = op.args().iter().map(|a| g.name(a)).collect();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let expr = match op.op {
-            Op::Unary(_) | Op::Binary(_) => shaders::op_expr(op.op, t, &args).expect("checked by check_op"),
-            Op::Compare(c) => shaders::compare_expr_of(c, t, &args),
-            _ => format!("select({}, {}, {} != 0u)", args[2], args[1], args[0]),
-        };
-        let name = format!("v{count}");
-        count += 1;
-        let _ = writeln!(g.body, "    let {name} = {expr};");
-        g.names.insert(k, name);
-    }
+    let mut g = Gen::new(call, t, n, "b");
+    g.compute(s..e);
     for &k in writes {
         g.name(&FusedArg::Op(k as u16));
     }
     // The bindings, the offsets of broadcast reads, the reads, the ops, the writes.
     let mut src = String::new();
     let _ = writeln!(src, "{}\n{}\n{}", shaders::COMMON, shaders::TRIG, shaders::SCALAR);
-    src.push_str("struct Params {\n    n: u32,\n    rank: u32,\n    dims: array<u32, MAX_DIMS>,\n");
-    if g.broadcast > 0 {
-        let _ = writeln!(src, "    strides: array<array<u32, MAX_DIMS>, {}>,", g.broadcast);
-    }
-    if !g.consts.is_empty() {
-        let _ = writeln!(src, "    consts: array<u32, {}>,", g.consts.len());
-    }
+    src.push_str("struct Params {\n    n: u32,\n");
+    src.push_str(&g.fields(""));
     src.push_str("}\n@group(0) @binding(0) var<storage, read> params: Params;\n");
-    for (r, &(source, _)) in g.reads.iter().enumerate() {
-        let dtype = match source {
-            Source::Input(k) => call.inputs[k as usize].dtype,
-            Source::Op(k) => ops[k as usize].dtype,
-        };
-        let rt = if dtype == DType::Bool { "u32" } else { ty };
-        let _ = writeln!(src, "@group(0) @binding({}) var<storage, read> b{r}: array<{rt}>;", r + 1);
-    }
-    for (w, &k) in writes.iter().enumerate() {
-        let wt = if ops[k].dtype == DType::Bool { "u32" } else { ty };
-        let _ =
-            writeln!(src, "@group(0) @binding({}) var<storage, read_write> w{w}: array<{wt}>;", g.reads.len() + w + 1);
-    }
+    src.push_str(&g.bindings(writes, 1, ("b", "w")));
     src.push_str(
         "@compute @workgroup_size(WG)\nfn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {\n    \
          let i = flat_id(wg, lid);\n    if (i >= params.n) {\n        return;\n    }\n",
     );
-    if g.broadcast > 0 {
-        for j in 0..g.broadcast {
-            let _ = writeln!(src, "    var o{j} = 0u;");
-        }
-        src.push_str(
-            "    var rem = i;\n    for (var d = params.rank; d > 0u; d = d - 1u) {\n        \
-             let m = params.dims[d - 1u];\n        let k = rem % m;\n        rem = rem / m;\n",
-        );
-        for j in 0..g.broadcast {
-            let _ = writeln!(src, "        o{j} += k * params.strides[{j}][d - 1u];");
-        }
-        src.push_str("    }\n");
-    }
+    src.push_str(&g.offsets(""));
     src.push_str(&g.read_lines);
     src.push_str(&g.body);
-    for (w, &k) in writes.iter().enumerate() {
-        let one = call.outputs.iter().any(|&(o, t)| o as usize == k && t.numel() == 1) && n != 1;
-        let value = &g.names[&k];
-        if one {
-            // A kept scalar constant: one element, written once.
-            let _ = writeln!(src, "    if (i == 0u) {{\n        w{w}[0] = {value};\n    }}");
-        } else {
-            let _ = writeln!(src, "    w{w}[i] = {value};");
-        }
-    }
+    src.push_str(&g.stores(writes, "w"));
     src.push_str("}\n");
     (src, g.reads, g.consts)
 }

@@ -34,22 +34,42 @@ pub(crate) fn reduce(
     [x]: &[TensorRef<'_>; 1],
     out: &TensorRef<'_>,
 ) -> Result<()> {
+    let (name, kernel) = (op.name(), Kernel::Reduce(op, ty(x.dtype)));
+    schedule(be, op, axes, (x.dims, x.dtype), out, |entry, sink, params, grid| {
+        be.launch(name, kernel, entry, &[(1, Arg::input(x)), sink], words(params), grid)
+    })
+}
+
+/// Check a reduction of a value of `dims` and `dtype` into `out` and record
+/// its dispatches. `first` records each dispatch that reads the value's
+/// elements (entry points `serial`, `serial_leaves`, `leaves_to_*`; binding
+/// 1 in reduce.wgsl, or a fused prologue computing them: fused/tail.rs),
+/// given the entry point, the binding it writes (`out` or partials), the
+/// parameters and the grid; passes over partials are recorded here.
+pub(crate) fn schedule(
+    be: &WgpuBackend,
+    op: ReduceOp,
+    axes: AxisSet,
+    (dims, dtype): (&[usize], DType),
+    out: &TensorRef<'_>,
+    mut first: impl FnMut(&'static str, (u32, Arg), &Reduce, [u32; 3]) -> Result<()>,
+) -> Result<()> {
     let name = op.name();
-    let rank = x.dims.len();
+    let rank = dims.len();
     let axes = AxisSet(axes.0 & AxisSet::all(rank).0);
-    let strides = contiguous(x.dims);
+    let strides = contiguous(dims);
     let (mut kd, mut ks, mut rd, mut rs) = (vec![], vec![], vec![], vec![]);
-    for (d, (&n, &s)) in x.dims.iter().zip(&strides).enumerate() {
+    for (d, (&n, &s)) in dims.iter().zip(&strides).enumerate() {
         let (dims, strides) = if axes.contains(d) { (&mut rd, &mut rs) } else { (&mut kd, &mut ks) };
         dims.push(n);
         strides.push(s);
     }
     let outputs: usize = kd.iter().product();
     let block: usize = rd.iter().product();
-    checks::reduction(op, axes, (x.dims, x.dtype), (outputs, block), (out.numel(), out.dtype))?;
+    checks::reduction(op, axes, (dims, dtype), (outputs, block), (out.numel(), out.dtype))?;
     let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
-    if !arg && ty(x.dtype) == Ty::U32 {
-        return Err(unsupported_dtype(name, x.dtype));
+    if !arg && ty(dtype) == Ty::U32 {
+        return Err(unsupported_dtype(name, dtype));
     }
     let params = Reduce {
         outputs: word(name, outputs)?,
@@ -61,17 +81,13 @@ pub(crate) fn reduce(
         parts: 0,
     };
     if block <= LEAF {
-        let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-        let groups = be.grid_for(name, outputs)?;
-        return be.launch(name, Kernel::Reduce(op, ty(x.dtype)), "serial", &args, words(&params), groups);
+        return first("serial", (2, Arg::output(out)), &params, be.grid_for(name, outputs)?);
     }
     let leaves = block.div_ceil(LEAF);
     if leaves <= SERIAL_LEAVES {
-        let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-        let groups = be.grid_for(name, outputs)?;
-        return be.launch(name, Kernel::Reduce(op, ty(x.dtype)), "serial_leaves", &args, words(&params), groups);
+        return first("serial_leaves", (2, Arg::output(out)), &params, be.grid_for(name, outputs)?);
     }
-    passes(be, name, Kernel::Reduce(op, ty(x.dtype)), (x, out), outputs, leaves, params)
+    passes(be, (op, ty(dtype)), out, outputs, leaves, params, first)
 }
 
 /// The first pass over the leaves, then passes over partials until one per
@@ -79,13 +95,15 @@ pub(crate) fn reduce(
 /// recorded dispatches keep them alive until they have run).
 fn passes(
     be: &WgpuBackend,
-    name: &'static str,
-    kernel: Kernel,
-    (x, out): (&TensorRef<'_>, &TensorRef<'_>),
+    (op, t): (ReduceOp, Ty),
+    out: &TensorRef<'_>,
     outputs: usize,
     leaves: usize,
     mut params: Reduce,
+    mut first: impl FnMut(&'static str, (u32, Arg), &Reduce, [u32; 3]) -> Result<()>,
 ) -> Result<()> {
+    let name = op.name();
+    let kernel = Kernel::Reduce(op, t);
     let mut items = leaves;
     let mut input: Option<BufferId> = None;
     let result = (|| loop {
@@ -94,20 +112,23 @@ fn passes(
         params.parts = word(name, items)?;
         let total = outputs.checked_mul(groups).ok_or_else(|| too_many(name, outputs, groups))?;
         let grid = be.ctx().grid(name, total as u64)?;
-        let source = match input {
-            None => (1, Arg::input(x)),
-            Some(id) => (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * items, write: false }),
-        };
-        let first = input.is_none();
+        let parts_in =
+            input.map(|id| (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * items, write: false }));
         if groups == 1 {
-            let entry = if first { "leaves_to_out" } else { "parts_to_out" };
-            return be.launch(name, kernel, entry, &[source, (2, Arg::output(out))], words(&params), grid);
+            return match parts_in {
+                None => first("leaves_to_out", (2, Arg::output(out)), &params, grid),
+                Some(source) => {
+                    be.launch(name, kernel, "parts_to_out", &[source, (2, Arg::output(out))], words(&params), grid)
+                }
+            };
         }
         let len = 2 * total;
         let parts = be.scratch(PART_DTYPE, len)?;
-        let entry = if first { "leaves_to_parts" } else { "parts_to_parts" };
         let sink = (3, Arg::Buffer { id: parts, dtype: PART_DTYPE, len, write: true });
-        let launched = be.launch(name, kernel, entry, &[source, sink], words(&params), grid);
+        let launched = match parts_in {
+            None => first("leaves_to_parts", sink, &params, grid),
+            Some(source) => be.launch(name, kernel, "parts_to_parts", &[source, sink], words(&params), grid),
+        };
         if let Some(old) = input.replace(parts) {
             be.free_scratch(old);
         }

@@ -154,88 +154,20 @@ fn plan(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<Epilogue> {
 /// writes the kept ones (op 0 too when kept). Its text depends only on the
 /// group's structure, as a headless group's (fused.rs).
 fn generate(call: &FusedCall<'_>, writes: &[usize], n: usize) -> Emit {
-    let ops = call.ops;
-    let mut g = Gen {
-        call,
-        t: Ty::F32,
-        n,
-        reads: Vec::new(),
-        consts: Vec::new(),
-        names: Default::default(),
-        read_lines: String::new(),
-        body: String::new(),
-        broadcast: 0,
-        // Not `b`: matmul.wgsl's kernels have locals b0, b1.
-        binding: "eb",
-    };
+    // Not `b`: matmul.wgsl's kernels have locals b0, b1.
+    let mut g = Gen::new(call, Ty::F32, n, "eb");
     g.names.insert(0, "h".to_string());
-    let mut count = 0usize;
-    for (k, op) in ops.iter().enumerate().skip(1) {
-        if let Op::Full(_) = op.op {
-            continue; // printed where read
-        }
-        let args: Vec<String> = op.args().iter().map(|a| g.name(a)).collect();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let expr = match op.op {
-            Op::Unary(_) | Op::Binary(_) => shaders::op_expr(op.op, Ty::F32, &args).expect("checked by check_op"),
-            Op::Compare(c) => shaders::compare_expr_of(c, Ty::F32, &args),
-            _ => format!("select({}, {}, {} != 0u)", args[2], args[1], args[0]),
-        };
-        let name = format!("v{count}");
-        count += 1;
-        let _ = writeln!(g.body, "    let {name} = {expr};");
-        g.names.insert(k, name);
-    }
+    g.compute(1..call.ops.len());
     for &k in writes {
         g.name(&FusedArg::Op(k as u16));
     }
-    let mut fields = String::from("    ep_rank: u32,\n    ep_dims: array<u32, MAX_DIMS>,\n");
-    if g.broadcast > 0 {
-        let _ = writeln!(fields, "    ep_strides: array<array<u32, MAX_DIMS>, {}>,", g.broadcast);
-    }
-    if !g.consts.is_empty() {
-        let _ = writeln!(fields, "    consts: array<u32, {}>,", g.consts.len());
-    }
-    let mut bindings = String::new();
-    for (r, &(source, _)) in g.reads.iter().enumerate() {
-        let dtype = match source {
-            Source::Input(k) => call.inputs[k as usize].dtype,
-            Source::Op(k) => ops[k as usize].dtype,
-        };
-        let rt = if dtype == DType::Bool { "u32" } else { "f32" };
-        let _ = writeln!(bindings, "@group(0) @binding({}) var<storage, read> eb{r}: array<{rt}>;", r + 3);
-    }
-    for (w, &k) in writes.iter().enumerate() {
-        let wt = if ops[k].dtype == DType::Bool { "u32" } else { "f32" };
-        let at = g.reads.len() + w + 3;
-        let _ = writeln!(bindings, "@group(0) @binding({at}) var<storage, read_write> ew{w}: array<{wt}>;");
-    }
+    let fields = g.fields("ep_");
+    let bindings = g.bindings(writes, 3, ("eb", "ew"));
     let mut f = String::from("fn emit(i: u32, h: f32) {\n");
-    if g.broadcast > 0 {
-        for j in 0..g.broadcast {
-            let _ = writeln!(f, "    var o{j} = 0u;");
-        }
-        f.push_str(
-            "    var rem = i;\n    for (var d = params.ep_rank; d > 0u; d = d - 1u) {\n        \
-             let m = params.ep_dims[d - 1u];\n        let k = rem % m;\n        rem = rem / m;\n",
-        );
-        for j in 0..g.broadcast {
-            let _ = writeln!(f, "        o{j} += k * params.ep_strides[{j}][d - 1u];");
-        }
-        f.push_str("    }\n");
-    }
+    f.push_str(&g.offsets("ep_"));
     f.push_str(&g.read_lines);
     f.push_str(&g.body);
-    for (w, &k) in writes.iter().enumerate() {
-        let one = output_of(call, k).is_some_and(|t| t.numel() == 1) && n != 1;
-        let value = &g.names[&k];
-        if one {
-            // A kept scalar constant: one element, written once.
-            let _ = writeln!(f, "    if (i == 0u) {{\n        ew{w}[0] = {value};\n    }}");
-        } else {
-            let _ = writeln!(f, "    ew{w}[i] = {value};");
-        }
-    }
+    f.push_str(&g.stores(writes, "ew"));
     f.push_str("}\n");
     Emit { fields, bindings, function: f, reads: g.reads, writes: writes.to_vec(), consts: g.consts }
 }
@@ -378,7 +310,7 @@ fn pipeline(be: &WgpuBackend, module: Kernel, entry: &'static str, emit: &Emit) 
     let key = (module, entry, format!("{}{}{}", emit.fields, emit.bindings, emit.function));
     super::cached_in(
         be,
-        |c| &mut c.head_pipelines,
+        |c| &mut c.rewritten,
         key,
         OP,
         "FusedMatMul",
