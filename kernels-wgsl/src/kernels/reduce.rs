@@ -34,27 +34,52 @@ pub(crate) fn reduce(
     [x]: &[TensorRef<'_>; 1],
     out: &TensorRef<'_>,
 ) -> Result<()> {
-    let (name, kernel) = (op.name(), Kernel::Reduce(op, ty(x.dtype)));
-    schedule(be, op, axes, (x.dims, x.dtype), out, |entry, sink, params, grid| {
-        be.launch(name, kernel, entry, &[(1, Arg::input(x)), sink], words(params), grid)
-    })
+    schedule(be, op, axes, (x.dims, x.dtype), out, Elements::Input(x))
+}
+
+/// Where the dispatches that read the reduced value's elements (entry
+/// points `serial`, `serial_leaves`, `leaves_to_*`) get them.
+pub(crate) enum Elements<'a, 'b> {
+    /// From this tensor, binding 1 of reduce.wgsl.
+    Input(&'a TensorRef<'b>),
+    /// Computed by a fused prologue (fused/tail.rs), which records each
+    /// such dispatch: given the entry point, the binding it writes (`out`
+    /// or partials), the parameters and the grid.
+    #[cfg(not(target_arch = "wasm32"))]
+    Prologue(&'a mut dyn FnMut(&'static str, (u32, Arg), &Reduce, [u32; 3]) -> Result<()>),
+}
+
+impl Elements<'_, '_> {
+    /// Record a dispatch of `entry` that reads the elements.
+    fn launch(
+        &mut self,
+        be: &WgpuBackend,
+        (name, kernel): (&'static str, Kernel),
+        entry: &'static str,
+        sink: (u32, Arg),
+        params: &Reduce,
+        grid: [u32; 3],
+    ) -> Result<()> {
+        match self {
+            Elements::Input(x) => be.launch(name, kernel, entry, &[(1, Arg::input(x)), sink], words(params), grid),
+            #[cfg(not(target_arch = "wasm32"))]
+            Elements::Prologue(record) => record(entry, sink, params, grid),
+        }
+    }
 }
 
 /// Check a reduction of a value of `dims` and `dtype` into `out` and record
-/// its dispatches. `first` records each dispatch that reads the value's
-/// elements (entry points `serial`, `serial_leaves`, `leaves_to_*`; binding
-/// 1 in reduce.wgsl, or a fused prologue computing them: fused/tail.rs),
-/// given the entry point, the binding it writes (`out` or partials), the
-/// parameters and the grid; passes over partials are recorded here.
+/// its dispatches, those reading the value's elements as `elements` says.
 pub(crate) fn schedule(
     be: &WgpuBackend,
     op: ReduceOp,
     axes: AxisSet,
     (dims, dtype): (&[usize], DType),
     out: &TensorRef<'_>,
-    mut first: impl FnMut(&'static str, (u32, Arg), &Reduce, [u32; 3]) -> Result<()>,
+    mut elements: Elements<'_, '_>,
 ) -> Result<()> {
     let name = op.name();
+    let kernel = Kernel::Reduce(op, ty(dtype));
     let rank = dims.len();
     let axes = AxisSet(axes.0 & AxisSet::all(rank).0);
     let strides = contiguous(dims);
@@ -80,14 +105,13 @@ pub(crate) fn schedule(
         groups: 0,
         parts: 0,
     };
-    if block <= LEAF {
-        return first("serial", (2, Arg::output(out)), &params, be.grid_for(name, outputs)?);
-    }
+    // Blocks of one leaf or a few: one thread per output.
     let leaves = block.div_ceil(LEAF);
     if leaves <= SERIAL_LEAVES {
-        return first("serial_leaves", (2, Arg::output(out)), &params, be.grid_for(name, outputs)?);
+        let entry = if block <= LEAF { "serial" } else { "serial_leaves" };
+        return elements.launch(be, (name, kernel), entry, (2, Arg::output(out)), &params, be.grid_for(name, outputs)?);
     }
-    passes(be, (op, ty(dtype)), out, outputs, leaves, params, first)
+    passes(be, (name, kernel), out, outputs, leaves, params, elements)
 }
 
 /// The first pass over the leaves, then passes over partials until one per
@@ -95,15 +119,13 @@ pub(crate) fn schedule(
 /// recorded dispatches keep them alive until they have run).
 fn passes(
     be: &WgpuBackend,
-    (op, t): (ReduceOp, Ty),
+    (name, kernel): (&'static str, Kernel),
     out: &TensorRef<'_>,
     outputs: usize,
     leaves: usize,
     mut params: Reduce,
-    mut first: impl FnMut(&'static str, (u32, Arg), &Reduce, [u32; 3]) -> Result<()>,
+    mut elements: Elements<'_, '_>,
 ) -> Result<()> {
-    let name = op.name();
-    let kernel = Kernel::Reduce(op, t);
     let mut items = leaves;
     let mut input: Option<BufferId> = None;
     let result = (|| loop {
@@ -112,23 +134,25 @@ fn passes(
         params.parts = word(name, items)?;
         let total = outputs.checked_mul(groups).ok_or_else(|| too_many(name, outputs, groups))?;
         let grid = be.ctx().grid(name, total as u64)?;
-        let parts_in =
-            input.map(|id| (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * items, write: false }));
-        if groups == 1 {
-            return match parts_in {
-                None => first("leaves_to_out", (2, Arg::output(out)), &params, grid),
-                Some(source) => {
-                    be.launch(name, kernel, "parts_to_out", &[source, (2, Arg::output(out))], words(&params), grid)
-                }
-            };
-        }
-        let len = 2 * total;
-        let parts = be.scratch(PART_DTYPE, len)?;
-        let sink = (3, Arg::Buffer { id: parts, dtype: PART_DTYPE, len, write: true });
-        let launched = match parts_in {
-            None => first("leaves_to_parts", sink, &params, grid),
-            Some(source) => be.launch(name, kernel, "parts_to_parts", &[source, sink], words(&params), grid),
+        // The last pass writes the outputs, the others partials.
+        let last = groups == 1;
+        let parts = if last { None } else { Some(be.scratch(PART_DTYPE, 2 * total)?) };
+        let sink = match parts {
+            None => (2, Arg::output(out)),
+            Some(id) => (3, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * total, write: true }),
         };
+        let launched = match input {
+            None => {
+                let entry = if last { "leaves_to_out" } else { "leaves_to_parts" };
+                elements.launch(be, (name, kernel), entry, sink, &params, grid)
+            }
+            Some(id) => {
+                let source = (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * items, write: false });
+                let entry = if last { "parts_to_out" } else { "parts_to_parts" };
+                be.launch(name, kernel, entry, &[source, sink], words(&params), grid)
+            }
+        };
+        let Some(parts) = parts else { return launched };
         if let Some(old) = input.replace(parts) {
             be.free_scratch(old);
         }

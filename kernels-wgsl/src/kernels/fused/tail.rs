@@ -30,7 +30,7 @@ use kiln_core::{DType, Result};
 
 use super::{bad, check_io, check_op, params as prologue_words, Gen, Read, Source, PLANS_KEPT};
 use crate::kernels::{reduce, ty};
-use crate::params::words;
+use crate::params::{words, Reduce};
 use crate::pipelines::Pipeline;
 use crate::shaders::{self, Kernel, Ty};
 use crate::{Arg, WgpuBackend};
@@ -113,14 +113,16 @@ pub(super) fn run(be: &WgpuBackend, call: &FusedCall<'_>) -> Result<()> {
     // The prologue's fields follow `Reduce`'s (fused.rs's layout without `n`).
     let extra = prologue_words(call, &text.consts, &strides, n)?;
     let kernel = Kernel::FusedReduce { op: tail.op, ops: index as u32 };
-    reduce::schedule(be, tail.op, tail.axes, (call.dims, value), &reduced, |entry, sink, params, grid| {
+    let mut record = |entry: &'static str, sink: (u32, Arg), params: &Reduce, grid: [u32; 3]| {
         let pipeline = pipeline(be, (tail.op, t), entry, text)?;
         let mut args = bound.clone();
         args.push(sink);
         let mut w = words(params).to_vec();
         w.extend_from_slice(&extra[1..]);
         be.launch_pipeline(OP, kernel, pipeline, &args, &w, grid)
-    })
+    };
+    let elements = reduce::Elements::Prologue(&mut record);
+    reduce::schedule(be, tail.op, tail.axes, (call.dims, value), &reduced, elements)
 }
 
 fn output_of<'a>(call: &FusedCall<'a>, k: usize) -> Option<TensorRef<'a>> {
