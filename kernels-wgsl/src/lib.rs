@@ -497,6 +497,18 @@ impl Backend for WgpuBackend {
         self.buffers.borrow_mut().free(buffer);
     }
 
+    /// The backend's scratch pool (`scratch`), shared with its kernels'
+    /// own intermediate buffers.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn scratch_alloc(&self, dtype: DType, len: usize) -> Result<BufferId> {
+        self.scratch(dtype, len)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn scratch_free(&self, buffer: BufferId) {
+        self.free_scratch(buffer)
+    }
+
     fn upload(&self, buffer: BufferId, data: &HostData) -> Result<()> {
         const OP: &str = "upload";
         // queue.write_buffer lands before the next submission: recorded work

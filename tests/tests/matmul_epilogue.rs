@@ -135,3 +135,37 @@ fn a_new_shape_does_not_reuse_a_fused_products_plan() {
     assert!(device.exec_stats().fused_products >= 5);
     assert!(device.exec_stats().plans_reused >= 1);
 }
+
+/// The groups the CPU runs split (a batched product with a right operand
+/// per batch, as attention's scores, followed by a scale; a sum over a
+/// middle axis of a group's value) put their unkept intermediate in a
+/// scratch buffer the backend reuses: after the first step, repeated steps
+/// create none (`BackendCounters::scratch_bytes_allocated`), with the same
+/// bits as fusion off.
+#[test]
+fn split_groups_reuse_their_scratch_buffers() {
+    let step = |device: &Device| {
+        let g = Graph::new(device);
+        let q = g.tensor_from(&data(12 * 64 * 32, 1), &[12, 64, 32]).unwrap();
+        let k = g.tensor_from(&data(12 * 64 * 32, 2), &[12, 64, 32]).unwrap();
+        let scores = q.matmul_t(k, false, true).unwrap().mul(0.125).unwrap().tanh().unwrap();
+        let x = g.tensor_from(&data(5 * 300 * 7, 3), &[5, 300, 7]).unwrap();
+        let middle = x.mul(1.5).unwrap().exp().unwrap().sum(&[1], false).unwrap();
+        g.realize(&[scores, middle]).unwrap();
+        vec![bits(&scores), bits(&middle)]
+    };
+    let device = Device::cpu();
+    let reference = Device::cpu();
+    reference.set_fusion(false);
+    let scratch = || device.backend().counters().scratch_bytes_allocated;
+    let first = step(&device);
+    assert_eq!(first, step(&reference));
+    let after_first = scratch();
+    assert!(after_first >= (12 * 64 * 64 + 5 * 300 * 7) as u64 * 4, "{after_first} bytes");
+    for _ in 0..3 {
+        assert_eq!(step(&device), first);
+    }
+    assert_eq!(scratch(), after_first, "a repeated step created scratch buffers");
+    let stats = device.exec_stats();
+    assert!(stats.fused_products >= 4 && stats.fused_reductions >= 4, "{stats:?}");
+}

@@ -226,6 +226,24 @@ pub trait Backend {
     /// unspecified: every kernel writes its whole output.
     fn alloc(&self, dtype: DType, len: usize) -> Result<BufferId>;
     fn free(&self, buffer: BufferId);
+    /// A buffer for a value a backend's own code needs between two of its
+    /// kernels (`run_head_split`'s product, `run_tail_split`'s reduced
+    /// value, when not kept): from the backend's pool when it holds one of
+    /// this dtype and length, so that a repeated step allocates none; a new
+    /// one is counted in `BackendCounters::scratch_bytes_allocated`.
+    /// Contents unspecified; give it back with `scratch_free`. This default
+    /// allocates (and does not count). Native only: the browser build's
+    /// backends run no fused groups.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn scratch_alloc(&self, dtype: DType, len: usize) -> Result<BufferId> {
+        self.alloc(dtype, len)
+    }
+    /// Give back a buffer of `scratch_alloc` (kernels recorded that use it
+    /// may still be pending: the backend keeps it alive until they ran).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn scratch_free(&self, buffer: BufferId) {
+        self.free(buffer)
+    }
     /// Copy host data into the start of a buffer.
     fn upload(&self, buffer: BufferId, data: &HostData) -> Result<()>;
     /// Copy `len` elements from one buffer to another of the same dtype.
@@ -335,6 +353,23 @@ pub trait Backend {
     }
 }
 
+/// `Backend::scratch_alloc`; `alloc` in the browser build, whose backends
+/// keep no scratch pool (they run no fused groups).
+fn scratch_alloc<B: Backend + ?Sized>(backend: &B, dtype: DType, len: usize) -> Result<BufferId> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return backend.scratch_alloc(dtype, len);
+    #[cfg(target_arch = "wasm32")]
+    backend.alloc(dtype, len)
+}
+
+/// `Backend::scratch_free`; `free` in the browser build.
+fn scratch_free<B: Backend + ?Sized>(backend: &B, buffer: BufferId) {
+    #[cfg(not(target_arch = "wasm32"))]
+    backend.scratch_free(buffer);
+    #[cfg(target_arch = "wasm32")]
+    backend.free(buffer)
+}
+
 /// Run a call with a tail (`FusedCall::tail`) as two kernels: the group
 /// without its reduction, writing the reduced value (to its own output when
 /// kept, else to a scratch buffer), then the reduction by `run`. The same
@@ -356,7 +391,7 @@ pub fn run_tail_split<B: Backend + ?Sized>(backend: &B, call: &FusedCall<'_>) ->
     let kept = call.outputs.iter().find(|(k, _)| *k as usize == source).map(|&(_, t)| t.buffer);
     let value = match kept {
         Some(b) => b,
-        None => backend.alloc(src.dtype, numel)?,
+        None => scratch_alloc(backend, src.dtype, numel)?,
     };
     let result = (|| {
         let value_ref = TensorRef { buffer: value, dims: call.dims, dtype: src.dtype };
@@ -377,7 +412,7 @@ pub fn run_tail_split<B: Backend + ?Sized>(backend: &B, call: &FusedCall<'_>) ->
         backend.run(&KernelCall { op: call.ops[index].op, inputs: &[value_ref], output: reduced })
     })();
     if kept.is_none() {
-        backend.free(value);
+        scratch_free(backend, value);
     }
     result
 }
@@ -400,7 +435,7 @@ pub fn run_head_split<B: Backend + ?Sized>(backend: &B, call: &FusedCall<'_>) ->
     let kept = call.outputs.iter().find(|(k, _)| *k == 0).map(|&(_, t)| t.buffer);
     let product = match kept {
         Some(b) => b,
-        None => backend.alloc(dtype, numel)?,
+        None => scratch_alloc(backend, dtype, numel)?,
     };
     let result = (|| {
         let out = TensorRef { buffer: product, dims: call.dims, dtype };
@@ -437,7 +472,7 @@ pub fn run_head_split<B: Backend + ?Sized>(backend: &B, call: &FusedCall<'_>) ->
         })
     })();
     if kept.is_none() {
-        backend.free(product);
+        scratch_free(backend, product);
     }
     result
 }

@@ -273,7 +273,26 @@ pub struct CpuBackend {
     /// Fused kernels' plans by `FusedCall::plan_id`.
     #[cfg(feature = "fusion")]
     fused_plans: fused::PlanCache,
+    /// Buffers given back by `scratch_free`, for `scratch_alloc` to reuse,
+    /// and the bytes of those it had to create.
+    #[cfg(not(target_arch = "wasm32"))]
+    scratch: RefCell<ScratchPool>,
 }
+
+/// Scratch buffers kept for reuse: (dtype, elements, buffer).
+#[cfg(not(target_arch = "wasm32"))]
+#[derive(Default)]
+struct ScratchPool {
+    spare: Vec<(DType, usize, BufferId)>,
+    created_bytes: u64,
+}
+
+/// At most this many scratch buffers, of at most this many bytes in all,
+/// are kept for reuse; others are freed when given back.
+#[cfg(not(target_arch = "wasm32"))]
+const SCRATCH_KEPT: usize = 64;
+#[cfg(not(target_arch = "wasm32"))]
+const SCRATCH_BYTES: usize = 256 << 20;
 
 impl Default for CpuBackend {
     fn default() -> Self {
@@ -308,6 +327,8 @@ impl CpuBackend {
             portable: cfg!(target_arch = "wasm32") || numerics == CpuNumerics::Portable,
             #[cfg(feature = "fusion")]
             fused_plans: fused::PlanCache::default(),
+            #[cfg(not(target_arch = "wasm32"))]
+            scratch: RefCell::default(),
         }
     }
 
@@ -482,6 +503,44 @@ impl Backend for CpuBackend {
                 self.free_ids.borrow_mut().push(buffer.0);
             }
         }
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn scratch_alloc(&self, dtype: DType, len: usize) -> Result<BufferId> {
+        let spare = {
+            let mut pool = self.scratch.borrow_mut();
+            let at = pool.spare.iter().position(|&(d, n, _)| d == dtype && n == len);
+            at.map(|i| pool.spare.swap_remove(i).2)
+        };
+        if let Some(id) = spare {
+            return Ok(id);
+        }
+        let id = self.alloc(dtype, len)?;
+        self.scratch.borrow_mut().created_bytes += (len * dtype.size_bytes()) as u64;
+        Ok(id)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn scratch_free(&self, buffer: BufferId) {
+        let len_of =
+            |b: BufferId| self.slab.borrow().get(b.0 as usize).and_then(Option::as_ref).map(|s| (s.dtype(), s.len()));
+        let Some((dtype, len)) = len_of(buffer) else { return };
+        let mut pool = self.scratch.borrow_mut();
+        let held: usize = pool.spare.iter().map(|&(d, n, _)| n * d.size_bytes()).sum();
+        if pool.spare.len() < SCRATCH_KEPT && held + len * dtype.size_bytes() <= SCRATCH_BYTES {
+            pool.spare.push((dtype, len, buffer));
+        } else {
+            drop(pool);
+            self.free(buffer);
+        }
+    }
+
+    /// Scratch buffers created (the CPU compiles nothing and counts its
+    /// kernels in the executor's `ExecStats`).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn counters(&self) -> crate::backend::BackendCounters {
+        let scratch_bytes_allocated = self.scratch.borrow().created_bytes;
+        crate::backend::BackendCounters { scratch_bytes_allocated, ..Default::default() }
     }
 
     fn upload(&self, buffer: BufferId, data: &HostData) -> Result<()> {
