@@ -28,6 +28,9 @@ struct DeviceShared {
     /// Plans of the executions seen (see `set_plan_cache`); None: off.
     plans: RefCell<Option<crate::exec::plan::PlanCache>>,
     exec: std::cell::Cell<ExecStats>,
+    /// Per-kernel wall time (see `set_op_profile`); None: off.
+    #[cfg(not(target_arch = "wasm32"))]
+    op_profile: RefCell<Option<crate::op_profile::OpProfile>>,
 }
 
 /// What the executor ran on a device (see `Device::exec_stats`).
@@ -54,6 +57,12 @@ pub struct ExecStats {
     /// group is the reduction's prologue, e.g. `sum(exp(x - m))`.
     pub fused_reductions: usize,
 }
+
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) use crate::op_profile::Stopwatch as OpWatch;
+/// No clock in the browser build: `op_watch` is always None there.
+#[cfg(target_arch = "wasm32")]
+pub(crate) enum OpWatch {}
 
 /// Counters of the pool: the executor tests read these to prove that buffers
 /// are returned at their last use.
@@ -153,6 +162,10 @@ impl Device {
                 (!cfg!(target_arch = "wasm32") && switch_default("KILN_PLAN_CACHE")).then(Default::default),
             ),
             exec: std::cell::Cell::new(ExecStats::default()),
+            #[cfg(not(target_arch = "wasm32"))]
+            op_profile: RefCell::new(
+                std::env::var("KILN_OP_PROFILE").is_ok_and(|v| !matches!(v.trim(), "" | "0")).then(Default::default),
+            ),
         }))
     }
 
@@ -246,6 +259,55 @@ impl Device {
             s.concurrent_kernels += kernels;
         }
         self.0.exec.set(s);
+    }
+
+    /// Record the wall time of every kernel the executor runs (and of the
+    /// optimizer's update), by op and shape, until switched off; `op_profile`
+    /// reads it. Off by default, unless the environment variable
+    /// `KILN_OP_PROFILE` is set (not to `0`) when the device is made.
+    /// Switching it on again starts a fresh profile. On wgpu the times are
+    /// those of recording the dispatches, not of the GPU running them.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn set_op_profile(&self, on: bool) {
+        *self.0.op_profile.borrow_mut() = on.then(Default::default);
+    }
+
+    /// Whether the op profile is on.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn op_profile_on(&self) -> bool {
+        self.0.op_profile.borrow().is_some()
+    }
+
+    /// The profile recorded since `set_op_profile(true)` (empty when off),
+    /// the most time first; `kiln::op_profile::format_table` prints it.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn op_profile(&self) -> Vec<crate::op_profile::OpTime> {
+        self.0.op_profile.borrow().as_ref().map_or_else(Vec::new, |p| p.report())
+    }
+
+    /// A started clock when the op profile is on.
+    #[inline]
+    pub(crate) fn op_watch(&self) -> Option<OpWatch> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.0.op_profile.borrow().is_some() {
+            return Some(crate::op_profile::Stopwatch::start());
+        }
+        None
+    }
+
+    /// Add the time since `watch` started to the kernel `label` names (the
+    /// label is only built when profiling).
+    #[inline]
+    pub(crate) fn record_op(&self, watch: Option<OpWatch>, label: impl FnOnce() -> String) {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(w) = watch {
+            let elapsed = w.elapsed();
+            if let Some(p) = self.0.op_profile.borrow_mut().as_mut() {
+                p.add(label(), elapsed);
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = (watch, label);
     }
 
     /// A number unique to this device in this process.

@@ -465,7 +465,8 @@ fn run_batch(
             })
             .collect();
         device.count_kernels(calls.len());
-        if let [call] = calls.as_slice() {
+        let watch = device.op_watch();
+        let results = if let [call] = calls.as_slice() {
             smallvec::smallvec![backend.run(call)]
         } else {
             let mut results: SmallVec<[Result<()>; INLINE_BATCH]> = backend.run_many(&calls).into_iter().collect();
@@ -473,7 +474,9 @@ fn run_batch(
                 Err(Error::backend("run_many", "the backend ran fewer kernels than asked"))
             });
             results
-        }
+        };
+        device.record_op(watch, || kernels_label(&calls));
+        results
     };
     for ((&id, &buffer), result) in batch.iter().zip(&outputs).zip(results) {
         let node = state.nodes[id as usize];
@@ -496,6 +499,36 @@ fn run_batch(
         }
     }
     failure.map_or(Ok(()), Err)
+}
+
+/// The op profile's name for a kernel (op and shapes), or for kernels run
+/// together (each one's, joined).
+#[cfg(not(target_arch = "wasm32"))]
+fn kernels_label(calls: &[KernelCall<'_>]) -> String {
+    use crate::op_profile::dims_label;
+    let one = |c: &KernelCall<'_>| {
+        let ins: Vec<String> = c.inputs.iter().map(|t| dims_label(t.dims)).collect();
+        format!("{} {} -> {}", op_label(&c.op), ins.join(" "), dims_label(c.output.dims))
+    };
+    match calls {
+        [c] => one(c),
+        _ => format!("together: {}", calls.iter().map(one).collect::<Vec<_>>().join(" | ")),
+    }
+}
+#[cfg(target_arch = "wasm32")]
+fn kernels_label(_: &[KernelCall<'_>]) -> String {
+    String::new()
+}
+
+/// An op's name, and a product's transposes.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn op_label(op: &Op) -> String {
+    match *op {
+        Op::MatMul { transpose_a, transpose_b } => {
+            format!("MatMul{}{}", if transpose_a { " Aᵀ" } else { "" }, if transpose_b { " Bᵀ" } else { "" })
+        }
+        other => other.name().to_string(),
+    }
 }
 
 /// Whether a value must survive its last consumer in this execution.

@@ -26,6 +26,8 @@ pub mod host_rng;
 pub mod memory;
 pub mod nn;
 pub mod op;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod op_profile;
 mod ops;
 pub mod optim;
 pub mod param;

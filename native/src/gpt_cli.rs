@@ -206,6 +206,15 @@ pub fn train(args: GptArgs, world: WorldRef<'_>, parallel: &DistributedArgs) -> 
         save(&model, &data.vocab, args.steps, &adam, &scheduler, &args.checkpoint)?;
         println!("saved {} (+ {})", args.checkpoint.display(), optimizer_path(&args.checkpoint).display());
     }
+    // KILN_OP_PROFILE: the training steps' kernels (before the final
+    // evaluation adds its own).
+    if root && device.op_profile_on() {
+        eprintln!(
+            "kernel time (training, {}):\n{}",
+            device.name(),
+            kiln_core::op_profile::format_table(&device.op_profile(), 30)
+        );
+    }
     // The validation loss over the whole validation split (exact), unless
     // asked for a quicker estimate from random batches; the training loss
     // from random batches (the training split is 9 times larger).

@@ -38,7 +38,7 @@
 // forms are `kiln::checkpoint` and `kiln::gradcheck` below.
 pub use kiln_core::autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, VjpBackward};
 pub use kiln_core::op::Family;
-pub use kiln_core::{coverage, data, host_rng, nn, optim, shape};
+pub use kiln_core::{coverage, data, host_rng, nn, op_profile, optim, shape};
 pub use kiln_core::{
     AxisSet, Backend, BackwardOptions, BinaryOp, BufferId, CompareOp, CpuNumerics, DType, Device, Dims, Element, Error,
     ErrorKind, ExecStats, Graph, HostData, IntoOperand, NoGradGuard, Op, OpInfo, Param, ParamUpdate, ParamUpdateCall,

@@ -465,6 +465,7 @@ fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
     if !root {
         return Ok(());
     }
+    drop(OpProfileReport { device: &device, title: "training, evaluations included" });
     for (epoch, acc) in &report.test_accuracy {
         println!("epoch {epoch:>3}: test accuracy {:.2}%", acc * 100.0);
     }
@@ -574,6 +575,11 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     for w in &args.workloads {
+        // KILN_OP_PROFILE: a table of each workload's kernels on stderr.
+        if device.op_profile_on() {
+            device.set_op_profile(true);
+        }
+        let _report = OpProfileReport { device: &device, title: w };
         let result = match w.to_ascii_uppercase().as_str() {
             "W1" => bench::w1_mlp_step(&device, backend, 100)?,
             // Two lines: the graph built every step (as a training loop
@@ -643,6 +649,26 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         println!("{}", result.json());
     }
     Ok(())
+}
+
+/// Prints the device's op profile to stderr when dropped, if it is on
+/// (`KILN_OP_PROFILE=1`; `Device::set_op_profile`).
+struct OpProfileReport<'a> {
+    device: &'a Device,
+    title: &'a str,
+}
+
+impl Drop for OpProfileReport<'_> {
+    fn drop(&mut self) {
+        if self.device.op_profile_on() {
+            eprintln!(
+                "kernel time ({}, {}):\n{}",
+                self.title,
+                self.device.name(),
+                kiln::op_profile::format_table(&self.device.op_profile(), 25)
+            );
+        }
+    }
 }
 
 fn print_ops(output: Option<PathBuf>) -> Result<()> {

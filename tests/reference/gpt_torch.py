@@ -199,6 +199,9 @@ def main():
     ap.add_argument("--init-from", metavar="CKPT",
                     help="start from this kiln checkpoint's parameters (e.g. kiln's initial ones: kiln train --steps 0)")
     ap.add_argument("--time-only", action="store_true", help="train --steps steps, print ms/step, no evaluation")
+    ap.add_argument("--profile", action="store_true",
+                    help="with --time-only: torch.profiler's table of the ops of the steps after the first 20 (self CPU time), "
+                         "to set beside KILN_OP_PROFILE=1 kiln train's")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -237,7 +240,11 @@ def main():
         flush=True,
     )
     started = time.perf_counter()
+    profiler = None
     for step in range(args.steps):
+        if args.profile and step == min(20, args.steps - 1):
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+            profiler.__enter__()
         for group in opt.param_groups:
             group["lr"] = args.lr * lr_factor(step, warmup, args.steps, min_factor)
         x, y = random_batch(train, args.batch, args.context, SplitMix64.for_stream(args.seed, step))
@@ -251,6 +258,10 @@ def main():
             v = estimate_loss(model, val, args.batch, args.context, args.eval_batches, 7)
             print(f"step {done:>5}: train loss {loss.item():.4f}, validation loss {v:.4f}", flush=True)
     seconds = time.perf_counter() - started
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        table = profiler.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=40)
+        print(table)
     print(f"{args.steps} steps in {seconds:.1f} s ({seconds * 1e3 / args.steps:.1f} ms/step, {args.threads} threads)")
     if args.time_only:
         return

@@ -340,14 +340,18 @@ pub(super) fn run_group(
             let tail =
                 !cfg!(target_arch = "wasm32") && prepared.ops.last().is_some_and(|o| matches!(o.op, Op::Reduce { .. }));
             device.count_fused(group.members.len(), prepared.head.is_some(), tail);
-            backend.run_fused(&FusedCall {
+            let watch = device.op_watch();
+            let call = FusedCall {
                 dims: &group.dims,
                 ops: &prepared.ops,
                 inputs: &inputs,
                 outputs: &outputs,
                 plan_id: prepared.plan_id,
                 head,
-            })
+            };
+            let result = backend.run_fused(&call);
+            device.record_op(watch, || fused_label(&call));
+            result
         })();
         if let Err(e) = result {
             let first = state.nodes[group.members[0] as usize];
@@ -370,4 +374,19 @@ pub(super) fn run_group(
         }
     }
     failure.map_or(Ok(()), Err)
+}
+
+/// The op profile's name for a fused group: its ops in order and its shape
+/// (a product's operands' shapes first).
+#[cfg(not(target_arch = "wasm32"))]
+fn fused_label(call: &FusedCall<'_>) -> String {
+    use crate::op_profile::dims_label;
+    let ops: Vec<String> = call.ops.iter().map(|o| crate::exec::op_label(&o.op)).collect();
+    let head =
+        call.head.as_ref().map_or(String::new(), |h| format!("{} {} -> ", dims_label(h.a.dims), dims_label(h.b.dims)));
+    format!("fused[{}] {head}{}", ops.join(","), dims_label(call.dims))
+}
+#[cfg(target_arch = "wasm32")]
+fn fused_label(_: &FusedCall<'_>) -> String {
+    String::new()
 }

@@ -226,7 +226,10 @@ fn apply_all(state: &[StateBuffers], update_for: &dyn Fn(&StateBuffers) -> Param
             });
             held.push((p, old));
         }
-        device.backend().update_params(&calls)?;
+        let watch = device.op_watch();
+        let updated = device.backend().update_params(&calls);
+        device.record_op(watch, || format!("optimizer update ({} tensors)", calls.len()));
+        updated?;
         for (p, _old) in held {
             p.bump_version();
         }
