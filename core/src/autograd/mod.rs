@@ -7,6 +7,8 @@
 //! derivatives. The walk: node ids are a topological order, so visiting ids
 //! from the root downwards sees every node after all of its consumers.
 
+#[cfg(not(target_arch = "wasm32"))]
+mod accumulate;
 pub mod rules;
 mod segment;
 mod vjp;
@@ -140,7 +142,10 @@ fn differentiate_node(graph: &Graph, grads: &mut [Option<NodeId>], id: NodeId) -
         let slot = &mut grads[input_ids[k] as usize];
         *slot = Some(match *slot {
             None => c.id,
-            // Fan-out: contributions add up.
+            // Fan-out: contributions add up (pieces of a split join).
+            #[cfg(not(target_arch = "wasm32"))]
+            Some(previous) => accumulate::accumulate(graph, previous, c)?,
+            #[cfg(target_arch = "wasm32")]
             Some(previous) => graph.tensor(previous).add(c)?.id,
         });
     }

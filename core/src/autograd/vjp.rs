@@ -241,6 +241,9 @@ pub(super) fn apply_vjp(graph: &Graph, grads: &mut [Option<NodeId>], index: usiz
         let slot = &mut grads[x.id as usize];
         *slot = Some(match *slot {
             None => g.id,
+            #[cfg(not(target_arch = "wasm32"))]
+            Some(previous) => super::accumulate::accumulate(graph, previous, g)?,
+            #[cfg(target_arch = "wasm32")]
             Some(previous) => graph.tensor(previous).add(g)?.id,
         });
     }
