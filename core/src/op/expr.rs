@@ -137,12 +137,15 @@ pub fn compare<T: PartialOrd>(op: CompareOp, a: T, b: T) -> bool {
 fn pick<T: PartialOrd + Copy>(a: T, b: T, keep_a: impl Fn(T, T) -> bool) -> T {
     #[allow(clippy::eq_op)]
     let nan = |v: T| v != v;
-    if nan(a) {
+    // a when a is NaN, or when b is not and keep_a holds; else b. Written
+    // with non-short-circuit `|`/`&` so that it compiles to a select, not
+    // branches: in a running max (softmax, max reductions) the comparison
+    // branch mispredicts often (measured: a CausalSoftmax spent a third of
+    // its time in it).
+    if nan(a) | (!nan(b) & keep_a(a, b)) {
         a
-    } else if nan(b) || !keep_a(a, b) {
-        b
     } else {
-        a
+        b
     }
 }
 

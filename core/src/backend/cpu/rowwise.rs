@@ -65,10 +65,88 @@ impl<T: Num, const PORTABLE: bool> Kernel for Rows<'_, T, PORTABLE> {
     #[inline(always)]
     fn run(self) {
         let cols = self.cols;
-        for (k, dst) in self.chunk.chunks_exact_mut(cols).enumerate() {
-            let r = self.first + k;
+        let mut first = self.first;
+        let mut rest = self.chunk;
+        // Rows of one leaf (attention's rows usually are): LOCKSTEP rows at
+        // a time, so that their serial max and sum chains interleave.
+        if cols <= LEAF {
+            let mut groups = rest.chunks_exact_mut(LOCKSTEP * cols);
+            for dst in &mut groups {
+                softmax_rows::<T, PORTABLE, LOCKSTEP>(
+                    &self.src[first * cols..][..LOCKSTEP * cols],
+                    dst,
+                    first,
+                    self.rows,
+                    self.diagonal,
+                );
+                first += LOCKSTEP;
+            }
+            rest = groups.into_remainder();
+        }
+        for (k, dst) in rest.chunks_exact_mut(cols).enumerate() {
+            let r = first + k;
             let kept = checks::causal_kept(r % self.rows, cols, self.diagonal);
             softmax_row::<T, PORTABLE>(&self.src[r * cols..][..cols], kept, dst);
+        }
+    }
+}
+
+/// Rows handled together by `softmax_rows`.
+#[cfg(not(target_arch = "wasm32"))]
+const LOCKSTEP: usize = 8;
+
+/// `softmax_row` for R rows `first..` of at most `LEAF` columns (x and dst
+/// hold R whole rows), with the same operations in the same order per row.
+/// A row's max is one serial chain and its sum (one leaf) another, each a
+/// few cycles per element; the R rows' chains run side by side. Positions
+/// past a row's kept count enter its max as -inf and its sum as the 0
+/// written there, which change nothing: max(m, -inf) = m (NaN included),
+/// and the sum, which starts at +0 and adds exponentials (≥ +0 or NaN), is
+/// never -0, so adding +0 keeps its bits.
+#[cfg(not(target_arch = "wasm32"))]
+#[inline(always)]
+fn softmax_rows<T: Num, const PORTABLE: bool, const R: usize>(
+    x: &[T],
+    dst: &mut [T],
+    first: usize,
+    rows: usize,
+    diagonal: i32,
+) {
+    let cols = dst.len() / R;
+    let kept: [usize; R] = std::array::from_fn(|k| checks::causal_kept((first + k) % rows, cols, diagonal));
+    let (x, dst) = (&x[..R * cols], &mut dst[..R * cols]);
+    let low = T::from_f64(f64::NEG_INFINITY);
+    let mut max = [low; R];
+    for j in 0..cols {
+        for (r, m) in max.iter_mut().enumerate() {
+            let v = if j < kept[r] { x[r * cols + j] } else { low };
+            *m = m.max(v);
+        }
+    }
+    for (r, (d, xs)) in dst.chunks_exact_mut(cols).zip(x.chunks_exact(cols)).enumerate() {
+        let (head, tail) = d.split_at_mut(kept[r]);
+        tail.fill(T::ZERO);
+        if max[r].to_f64() == f64::NEG_INFINITY {
+            head.fill(T::ZERO);
+            continue;
+        }
+        for (d, &v) in head.iter_mut().zip(xs) {
+            let shifted = T::binary(BinaryOp::Sub, v, max[r]);
+            *d = if PORTABLE { T::unary_portable(UnaryOp::Exp, shifted) } else { T::unary(UnaryOp::Exp, shifted) };
+        }
+    }
+    let mut total = [T::ZERO; R];
+    for j in 0..cols {
+        for (r, t) in total.iter_mut().enumerate() {
+            *t = t.add(dst[r * cols + j]);
+        }
+    }
+    for (r, d) in dst.chunks_exact_mut(cols).enumerate() {
+        if max[r].to_f64() == f64::NEG_INFINITY {
+            continue;
+        }
+        for d in &mut d[..kept[r]] {
+            *d = T::binary(BinaryOp::Div, *d, total[r]);
         }
     }
 }
@@ -173,3 +251,46 @@ mod compact {
 }
 #[cfg(target_arch = "wasm32")]
 pub(super) use compact::causal_softmax;
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuStorage;
+
+    /// The kernel (rows in lockstep where they fit one leaf) against
+    /// `softmax_row` row by row, bit for bit: row counts around the
+    /// lockstep group, every kind of diagonal (empty rows, full rows),
+    /// rows of -inf, a NaN, and a row longer than a leaf.
+    #[test]
+    fn rows_in_lockstep_give_the_bits_of_one_row_at_a_time() {
+        for (batch, rows, cols, diagonal) in [
+            (3usize, 8usize, 8usize, 0i32),
+            (2, 13, 64, 0),
+            (1, 9, 5, -3),
+            (4, 7, 16, 2),
+            (1, 17, 128, 0),
+            (1, 10, 129, 0),
+        ] {
+            let n = batch * rows * cols;
+            let mut x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.07).collect();
+            // Row 2 all -inf, row 5 with a NaN and a -inf.
+            x[2 * cols..3 * cols].fill(f32::NEG_INFINITY);
+            x[5 * cols] = f32::NAN;
+            x[5 * cols + cols - 1] = f32::NEG_INFINITY;
+            let dims = [batch, rows, cols];
+            let xs = CpuStorage::F32(x.clone());
+            let mut y = CpuStorage::F32(vec![7.0; n]);
+            let input = In { data: &xs, dims: &dims, dtype: crate::DType::F32 };
+            let mut out = Out { data: &mut y, dims: &dims, dtype: crate::DType::F32 };
+            causal_softmax(diagonal, &[input], &mut out, false).unwrap();
+            let CpuStorage::F32(y) = y else { unreachable!() };
+            let mut want = vec![7.0f32; n];
+            for (r, d) in want.chunks_exact_mut(cols).enumerate() {
+                let kept = checks::causal_kept(r % rows, cols, diagonal);
+                softmax_row::<f32, false>(&x[r * cols..][..cols], kept, d);
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&want), "{batch} x {rows} x {cols}, diagonal {diagonal}");
+        }
+    }
+}
