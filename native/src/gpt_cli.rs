@@ -208,12 +208,8 @@ pub fn train(args: GptArgs, world: WorldRef<'_>, parallel: &DistributedArgs) -> 
     }
     // KILN_OP_PROFILE: the training steps' kernels (before the final
     // evaluation adds its own).
-    if root && device.op_profile_on() {
-        eprintln!(
-            "kernel time (training, {}):\n{}",
-            device.name(),
-            kiln_core::op_profile::format_table(&device.op_profile(), 30)
-        );
+    if root {
+        crate::print_op_profile(&device, "training");
     }
     // The validation loss over the whole validation split (exact), unless
     // asked for a quicker estimate from random batches; the training loss

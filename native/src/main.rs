@@ -465,7 +465,7 @@ fn train_on(args: &TrainArgs, world: WorldRef<'_>) -> Result<()> {
     if !root {
         return Ok(());
     }
-    drop(OpProfileReport { device: &device, title: "training, evaluations included" });
+    print_op_profile(&device, "training, evaluations included");
     for (epoch, acc) in &report.test_accuracy {
         println!("epoch {epoch:>3}: test accuracy {:.2}%", acc * 100.0);
     }
@@ -660,14 +660,15 @@ struct OpProfileReport<'a> {
 
 impl Drop for OpProfileReport<'_> {
     fn drop(&mut self) {
-        if self.device.op_profile_on() {
-            eprintln!(
-                "kernel time ({}, {}):\n{}",
-                self.title,
-                self.device.name(),
-                kiln::op_profile::format_table(&self.device.op_profile(), 25)
-            );
-        }
+        print_op_profile(self.device, self.title);
+    }
+}
+
+/// The device's op profile on stderr, if it is on (`KILN_OP_PROFILE=1`).
+fn print_op_profile(device: &Device, title: &str) {
+    if device.op_profile_on() {
+        let table = kiln::op_profile::format_table(&device.op_profile(), 30);
+        eprintln!("kernel time ({title}, {}):\n{table}", device.name());
     }
 }
 

@@ -131,8 +131,7 @@ fn softmax_rows<T: Num, const PORTABLE: bool, const R: usize>(
             continue;
         }
         for (d, &v) in head.iter_mut().zip(xs) {
-            let shifted = T::binary(BinaryOp::Sub, v, max[r]);
-            *d = if PORTABLE { T::unary_portable(UnaryOp::Exp, shifted) } else { T::unary(UnaryOp::Exp, shifted) };
+            *d = exp_shifted::<T, PORTABLE>(v, max[r]);
         }
     }
     let mut total = [T::ZERO; R];
@@ -148,6 +147,19 @@ fn softmax_rows<T: Num, const PORTABLE: bool, const R: usize>(
         for d in &mut d[..kept[r]] {
             *d = T::binary(BinaryOp::Div, *d, total[r]);
         }
+    }
+}
+
+/// e^(v − max), the one exponential both native row kernels compute
+/// (portable numerics' exp when asked), so that they keep the same bits.
+#[cfg(not(target_arch = "wasm32"))]
+#[inline(always)]
+fn exp_shifted<T: Num, const PORTABLE: bool>(v: T, max: T) -> T {
+    let shifted = T::binary(BinaryOp::Sub, v, max);
+    if PORTABLE {
+        T::unary_portable(UnaryOp::Exp, shifted)
+    } else {
+        T::unary(UnaryOp::Exp, shifted)
     }
 }
 
@@ -172,8 +184,7 @@ fn softmax_row<T: Num, const PORTABLE: bool>(x: &[T], kept: usize, dst: &mut [T]
         // The exponentials first (a loop that vectorises), then their sum in
         // index order (a serial chain either way).
         for (d, &v) in leaf.iter_mut().zip(xs) {
-            let shifted = T::binary(BinaryOp::Sub, v, max);
-            *d = if PORTABLE { T::unary_portable(UnaryOp::Exp, shifted) } else { T::unary(UnaryOp::Exp, shifted) };
+            *d = exp_shifted::<T, PORTABLE>(v, max);
         }
         let acc = leaf.iter().fold(T::ZERO, |acc, &e| acc.add(e));
         tree.push(acc, &add);
