@@ -15,6 +15,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod compile;
 pub mod coverage;
+mod cpu_pool;
 pub mod data;
 pub mod device;
 pub mod dtype;
@@ -38,6 +39,7 @@ pub use autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, Bac
 pub use backend::cpu::CpuNumerics;
 pub use backend::{Backend, BufferId, Concurrency, KernelCall, ParamUpdate, ParamUpdateCall, TensorRef};
 pub use compile::Compiled;
+pub use cpu_pool::on_cpu_pool;
 pub use device::{Device, ExecStats, PoolStats};
 pub use dtype::{DType, Element, HostData};
 pub use error::{Error, ErrorKind, Result};

@@ -58,6 +58,11 @@ fn loss<'g>(model: &CharGpt, graph: &'g Graph, x: &[i32], y: &[i32]) -> Result<T
 }
 
 fn main() -> Result<()> {
+    // On one of the CPU backend's threads: no extra thread competing for the cores.
+    kiln::on_cpu_pool(train)
+}
+
+fn train() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or_else(|| Error::invalid("gpt", "usage: gpt TEXT_FILE[.gz] [STEPS]"))?;
     let steps: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(2000);

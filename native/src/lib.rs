@@ -40,9 +40,9 @@ pub use kiln_core::autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vj
 pub use kiln_core::op::Family;
 pub use kiln_core::{coverage, data, host_rng, nn, op_profile, optim, shape};
 pub use kiln_core::{
-    AxisSet, Backend, BackwardOptions, BinaryOp, BufferId, CompareOp, CpuNumerics, DType, Device, Dims, Element, Error,
-    ErrorKind, ExecStats, Graph, HostData, IntoOperand, NoGradGuard, Op, OpInfo, Param, ParamUpdate, ParamUpdateCall,
-    PoolStats, ReduceOp, Result, SliceSpec, Tensor, TensorId, UnaryOp, Window2d,
+    on_cpu_pool, AxisSet, Backend, BackwardOptions, BinaryOp, BufferId, CompareOp, CpuNumerics, DType, Device, Dims,
+    Element, Error, ErrorKind, ExecStats, Graph, HostData, IntoOperand, NoGradGuard, Op, OpInfo, Param, ParamUpdate,
+    ParamUpdateCall, PoolStats, ReduceOp, Result, SliceSpec, Tensor, TensorId, UnaryOp, Window2d,
 };
 
 // Lets `#[derive(Module)]`'s generated `::kiln::...` paths resolve inside

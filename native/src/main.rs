@@ -746,7 +746,7 @@ fn quiet_display_probe() {
 fn main() -> ExitCode {
     quiet_display_probe();
     let cli = Cli::parse();
-    let result = match cli.command {
+    let run = move || match cli.command {
         Command::Train(args) => train(args),
         Command::Sample(args) => gpt_cli::sample(gpt_cli::SampleArgs {
             load: args.load,
@@ -761,6 +761,10 @@ fn main() -> ExitCode {
         Command::Devices => list_devices(),
         Command::Ops { output } => print_ops(output),
     };
+    // The whole command runs on one of the CPU backend's threads, so that
+    // the serial work between kernels does not compete with idle workers
+    // for the cores (kiln::on_cpu_pool says why).
+    let result = kiln::on_cpu_pool(run);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
