@@ -159,7 +159,8 @@ fn pick<T: PartialOrd + Copy>(a: T, b: T, keep_a: impl Fn(T, T) -> bool) -> T {
 /// web/scripts/check-libm.sh), so the wasm links one copy. `host`: std's,
 /// natively the platform's C math library (glibc's, faster, whose last bit
 /// may differ from libm's). kiln's own f32 exp and erf (op/exp.rs,
-/// op/erf.rs) are plain arithmetic: both sets use them. The CPU backend's
+/// op/erf.rs) are plain arithmetic: both sets use them. Native `host` also
+/// has kiln's own f32 tanh (op/tanh.rs), which vectorises. The CPU backend's
 /// portable numerics (`CpuNumerics::Portable`) evaluate with `portable`
 /// (`Value::unary_portable`).
 pub(crate) mod math {
@@ -194,6 +195,11 @@ pub(crate) mod math {
             pub(crate) fn cos(x: f32) -> f32 {
                 x.cos()
             }
+            // Natively kiln's own (vectorises); in the browser std's, which
+            // is libm's there, as the portable numerics promise.
+            #[cfg(not(target_arch = "wasm32"))]
+            pub(crate) use crate::op::tanh::tanh_f32 as tanh;
+            #[cfg(target_arch = "wasm32")]
             #[inline(always)]
             pub(crate) fn tanh(x: f32) -> f32 {
                 x.tanh()
@@ -294,6 +300,8 @@ macro_rules! float_unary {
                 let density = $($m)::+::exp((x * x) * -0.5) * super::FRAC_1_SQRT_2PI as $t;
                 two_phi * 0.5 + x * density
             }
+            // Softsign: the table's expression, written out (as GELU's).
+            UnaryOp::Softsign => x / (1.0 + x.abs()),
             // Ops the table composes from the ones above (their
             // expressions use no library function: see the test
             // `composed_ops_use_no_library_function`).

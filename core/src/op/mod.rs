@@ -15,6 +15,8 @@ mod erf;
 mod exp;
 pub mod expr;
 mod table;
+#[cfg(not(target_arch = "wasm32"))]
+mod tanh;
 #[cfg(test)]
 mod ulp;
 pub(crate) use table::FRAC_1_SQRT_2PI;

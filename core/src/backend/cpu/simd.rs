@@ -147,7 +147,15 @@ mod tests {
     fn every_level_gives_the_baseline_bits() {
         let mut x: Vec<f32> = (0..20_000).map(|i| (i as f32 - 10_000.0) * 1.37e-3).collect();
         x.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -1e-40, 88.9, -103.9, 3.92, -1.0]);
-        let ops = [UnaryOp::Gelu, UnaryOp::GeluDerivative, UnaryOp::Exp, UnaryOp::Erf, UnaryOp::Sigmoid];
+        let ops = [
+            UnaryOp::Gelu,
+            UnaryOp::GeluDerivative,
+            UnaryOp::Exp,
+            UnaryOp::Erf,
+            UnaryOp::Sigmoid,
+            UnaryOp::Tanh,
+            UnaryOp::Softsign,
+        ];
         for op in ops {
             let f = move |v: f32| <f32 as Value>::unary(op, v);
             let run = |level: u8| {
