@@ -328,7 +328,7 @@ fn zip3<T: Scalar>(
         for_chunks(out, 1, |s, o| {
             let e = s + o.len();
             for (((o, &k), &x), &y) in o.iter_mut().zip(&c[s..e]).zip(&a[s..e]).zip(&b[s..e]) {
-                *o = if k != 0 { x } else { y };
+                *o = T::select(k, x, y);
             }
         });
         return Ok(());
@@ -347,24 +347,24 @@ fn zip3<T: Scalar>(
                 (true, _) if !full_b => {
                     let y = b[0];
                     for ((o, &k), &x) in o.iter_mut().zip(c).zip(&a[s..e]) {
-                        *o = if k != 0 { x } else { y };
+                        *o = T::select(k, x, y);
                     }
                 }
                 (false, true) => {
                     let x = a[0];
                     for ((o, &k), &y) in o.iter_mut().zip(c).zip(&b[s..e]) {
-                        *o = if k != 0 { x } else { y };
+                        *o = T::select(k, x, y);
                     }
                 }
                 (false, false) => {
                     let (x, y) = (a[0], b[0]);
                     for (o, &k) in o.iter_mut().zip(c) {
-                        *o = if k != 0 { x } else { y };
+                        *o = T::select(k, x, y);
                     }
                 }
                 _ => {
                     for (((o, &k), &x), &y) in o.iter_mut().zip(c).zip(&a[s..e]).zip(&b[s..e]) {
-                        *o = if k != 0 { x } else { y };
+                        *o = T::select(k, x, y);
                     }
                 }
             }

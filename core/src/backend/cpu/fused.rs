@@ -868,7 +868,7 @@ fn run_step<T: Scalar + Value>(
             let x = t_src(&t, inputs, step.args[1], s, len);
             let y = t_src(&t, inputs, step.args[2], s, len);
             for (((o, &k), &p), &q) in dst[..len].iter_mut().zip(c).zip(x).zip(y) {
-                *o = if k != 0 { p } else { q };
+                *o = T::select(k, p, q);
             }
         }
     }

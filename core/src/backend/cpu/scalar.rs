@@ -19,6 +19,23 @@ pub(crate) trait Scalar: Copy + Send + Sync + PartialOrd + Default + std::fmt::D
     fn is_nan(self) -> bool {
         false
     }
+    /// `if c != 0 { a } else { b }`, bit for bit, written with masks so
+    /// that a loop over it reads both values and vectorises as a blend.
+    /// As a branch or a plain select LLVM reads only the chosen value, which
+    /// it vectorised as a gather per vector (measured: a fused Where over
+    /// [128, 512] spent most of its time in `vgatherqps`).
+    fn select(c: u8, a: Self, b: Self) -> Self;
+}
+
+/// `select` on the bits of a type: a mask of all ones where `c != 0`.
+macro_rules! select_bits {
+    ($bits:ty, $to:expr, $from:expr) => {
+        #[inline(always)]
+        fn select(c: u8, a: Self, b: Self) -> Self {
+            let m = <$bits>::from(c != 0).wrapping_neg();
+            $from(($to(a) & m) | ($to(b) & !m))
+        }
+    };
 }
 
 macro_rules! scalar {
@@ -41,6 +58,7 @@ macro_rules! scalar {
 impl Scalar for f32 {
     const DTYPE: DType = DType::F32;
     scalar!(f32, F32, F32);
+    select_bits!(u32, f32::to_bits, f32::from_bits);
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v as f32
@@ -57,6 +75,7 @@ impl Scalar for f32 {
 impl Scalar for f64 {
     const DTYPE: DType = DType::F64;
     scalar!(f64, F64, F64);
+    select_bits!(u64, f64::to_bits, f64::from_bits);
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v
@@ -73,6 +92,7 @@ impl Scalar for f64 {
 impl Scalar for i32 {
     const DTYPE: DType = DType::I32;
     scalar!(i32, I32, I32);
+    select_bits!(u32, |v: i32| v as u32, |v: u32| v as i32);
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v as i32
@@ -85,6 +105,7 @@ impl Scalar for i32 {
 impl Scalar for u8 {
     const DTYPE: DType = DType::Bool;
     scalar!(u8, Bool, Bool);
+    select_bits!(u8, |v: u8| v, |v: u8| v);
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         (v != 0.0) as u8
@@ -161,3 +182,26 @@ impl Float for f32 {
     }
 }
 impl Float for f64 {}
+
+#[cfg(test)]
+mod tests {
+    use super::Scalar;
+
+    /// `select` keeps the chosen value's bits (NaN payloads, −0, extremes)
+    /// for every storage type, and any nonzero condition means true.
+    #[test]
+    fn select_keeps_the_chosen_bits() {
+        let nan = f32::from_bits(0x7fc0_1234);
+        for (a, b) in [(nan, -0.0f32), (-0.0, f32::INFINITY), (f32::MIN_POSITIVE, -f32::MAX)] {
+            for c in [0u8, 1, 2, 255] {
+                let want = if c != 0 { a } else { b };
+                assert_eq!(f32::select(c, a, b).to_bits(), want.to_bits(), "{c} {a} {b}");
+            }
+        }
+        let nan = f64::from_bits(0xfff8_0000_dead_beef);
+        assert_eq!(f64::select(1, nan, 0.0).to_bits(), nan.to_bits());
+        assert_eq!(f64::select(0, nan, -0.0).to_bits(), (-0.0f64).to_bits());
+        assert_eq!((i32::select(7, i32::MIN, -1), i32::select(0, i32::MIN, -1)), (i32::MIN, -1));
+        assert_eq!((u8::select(1, 0, 1), u8::select(0, 0, 1)), (0, 1));
+    }
+}
