@@ -9,6 +9,11 @@ use kiln::data::load_mnist_dir;
 use kiln::prelude::*;
 
 fn main() -> Result<()> {
+    // On one of the CPU backend's threads: no extra thread competing for the cores.
+    kiln::on_cpu_pool(train)
+}
+
+fn train() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let dir = args.next().ok_or_else(|| Error::invalid("mnist_cnn", "usage: mnist_cnn DIR [EPOCHS]"))?;
     let epochs: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(3);

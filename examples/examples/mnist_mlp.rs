@@ -7,6 +7,11 @@ use kiln::data::load_mnist_dir;
 use kiln::prelude::*;
 
 fn main() -> kiln::Result<()> {
+    // On one of the CPU backend's threads: no extra thread competing for the cores.
+    kiln::on_cpu_pool(train)
+}
+
+fn train() -> kiln::Result<()> {
     let dir = std::env::args().nth(1).ok_or_else(|| {
         Error::invalid("mnist_mlp", "usage: mnist_mlp DIR (a folder with the four MNIST IDX files, gzipped or not)")
     })?;
