@@ -160,7 +160,7 @@ fn pick<T: PartialOrd + Copy>(a: T, b: T, keep_a: impl Fn(T, T) -> bool) -> T {
 /// natively the platform's C math library (glibc's, faster, whose last bit
 /// may differ from libm's). kiln's own f32 exp and erf (op/exp.rs,
 /// op/erf.rs) are plain arithmetic: both sets use them. Native `host` also
-/// has kiln's own f32 tanh (op/tanh.rs), which vectorises. The CPU backend's
+/// has kiln's own f32 tanh and ln (op/tanh.rs, op/log.rs), which vectorise. The CPU backend's
 /// portable numerics (`CpuNumerics::Portable`) evaluate with `portable`
 /// (`Value::unary_portable`).
 pub(crate) mod math {
@@ -183,6 +183,11 @@ pub(crate) mod math {
             pub(crate) use crate::op::erf::erf_f32 as erf;
             pub(crate) use crate::op::exp::exp_f32 as exp;
             pub(crate) use libm::{erfcf as erfc, expm1f as expm1, log1pf as log1p};
+            // Natively kiln's own (vectorises); in the browser std's, which
+            // is libm's there, as the portable numerics promise.
+            #[cfg(not(target_arch = "wasm32"))]
+            pub(crate) use crate::op::log::ln_f32 as ln;
+            #[cfg(target_arch = "wasm32")]
             #[inline(always)]
             pub(crate) fn ln(x: f32) -> f32 {
                 x.ln()

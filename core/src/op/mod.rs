@@ -14,6 +14,8 @@ pub mod custom;
 mod erf;
 mod exp;
 pub mod expr;
+#[cfg(not(target_arch = "wasm32"))]
+mod log;
 mod table;
 #[cfg(not(target_arch = "wasm32"))]
 mod tanh;

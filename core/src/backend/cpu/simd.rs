@@ -155,6 +155,7 @@ mod tests {
             UnaryOp::Sigmoid,
             UnaryOp::Tanh,
             UnaryOp::Softsign,
+            UnaryOp::Log,
         ];
         for op in ops {
             let f = move |v: f32| <f32 as Value>::unary(op, v);
