@@ -10,7 +10,7 @@
 //! cores: that worker does the serial work and takes part in every
 //! parallel kernel it starts, as PyTorch's main thread is one of its
 //! OpenMP threads. Measured on a 2-core machine, the char-level GPT's
-//! training step: 6–10 % faster (docs/performance.md).
+//! training step: 4–10 % faster (docs/performance.md).
 
 /// Runs `work` on a thread of the CPU backend's pool and returns its
 /// result; the calling thread sleeps until it is done. Without the `rayon`
