@@ -33,7 +33,7 @@ const LARGE: [f32; 9] = [
     -0.3572219,
     -1.5426176,
 ];
-use super::exp::{horner, EXP_POLY};
+use super::exp::{horner, odd, EXP_POLY};
 
 const LARGE_MID: f32 = 2.46;
 const SPLIT: f32 = 1.0;
@@ -71,19 +71,13 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
     let c = if a < CLAMP { a } else { CLAMP };
     let c = if c > SPLIT { c } else { SPLIT };
     let large = 1.0 - exp_negative(horner(&LARGE, c - LARGE_MID) - c * c);
-    let y = if a < SPLIT { small } else { large };
-    let y = f32::from_bits(y.to_bits() | (x.to_bits() & 0x8000_0000));
-    if x.is_nan() {
-        x
-    } else {
-        y
-    }
+    odd(x, if a < SPLIT { small } else { large })
 }
 
 #[cfg(test)]
 mod tests {
     use super::erf_f32;
-    use crate::op::ulp::ulps;
+    use crate::op::ulp::{around, sweep, ulps};
 
     fn check(x: f32) {
         let (y, libm) = (erf_f32(x), libm::erff(x));
@@ -95,18 +89,13 @@ mod tests {
     fn within_one_ulp_of_libm_on_a_sweep_of_all_floats() {
         // Every 97th bit pattern of both signs (subnormals, the polynomial
         // pieces, the clamp at 3.92, the saturated tails, infinities, NaNs).
-        let mut bits = 0u64;
-        while bits < 1 << 32 {
-            check(f32::from_bits(bits as u32));
-            bits += 97;
-        }
+        sweep(0..1 << 32, 97, check);
         // Densely across both pieces' ends: the split at 1, the clamp.
         for centre in [1.0f32, 3.92, 3.9] {
-            let c = centre.to_bits();
-            for b in c - 20_000..c + 20_000 {
-                check(f32::from_bits(b));
-                check(-f32::from_bits(b));
-            }
+            around(centre, |x| {
+                check(x);
+                check(-x);
+            });
         }
         // The smallest magnitudes, every pattern.
         for b in 0..200_000u32 {

@@ -26,6 +26,24 @@ pub(crate) fn horner<const N: usize>(c: &[f32; N], t: f32) -> f32 {
     r
 }
 
+/// `x` itself when it is NaN (payload kept), else `y`: the last step of
+/// every function here.
+#[inline(always)]
+pub(crate) fn nan_or(x: f32, y: f32) -> f32 {
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
+/// An odd function's value at `x` from its value `y` at |x|: `y` with x's
+/// sign (erf, tanh); NaN passes through.
+#[inline(always)]
+pub(crate) fn odd(x: f32, y: f32) -> f32 {
+    nan_or(x, f32::from_bits(y.to_bits() | (x.to_bits() & 0x8000_0000)))
+}
+
 /// e^x, f32, branch-free. exp(−inf) = 0, exp(+inf) = +inf, NaN stays NaN.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
@@ -45,18 +63,13 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     let half = k >> 1;
     let s1 = f32::from_bits(((half + 127) as u32) << 23);
     let s2 = f32::from_bits(((k - half + 127) as u32) << 23);
-    let y = horner(&EXP_POLY, r) * s1 * s2;
-    if x.is_nan() {
-        x
-    } else {
-        y
-    }
+    nan_or(x, horner(&EXP_POLY, r) * s1 * s2)
 }
 
 #[cfg(test)]
 mod tests {
     use super::exp_f32;
-    use crate::op::ulp::ulps;
+    use crate::op::ulp::{around, sweep, ulps};
 
     fn check(x: f32) {
         let (y, rounded) = (exp_f32(x), f64::from(x).exp() as f32);
@@ -67,18 +80,11 @@ mod tests {
     fn within_one_ulp_on_a_sweep_of_all_floats() {
         // Every 97th bit pattern of both signs: tiny arguments, the
         // polynomial's whole range, subnormal results, overflow, ±inf, NaN.
-        let mut bits = 0u64;
-        while bits < 1 << 32 {
-            check(f32::from_bits(bits as u32));
-            bits += 97;
-        }
+        sweep(0..1 << 32, 97, check);
         // Densely where the result becomes subnormal, rounds to 0, or
         // overflows.
         for edge in [-87.33655f32, -103.972_08, 88.72283] {
-            let c = edge.to_bits();
-            for b in c - 20_000..c + 20_000 {
-                check(f32::from_bits(b));
-            }
+            around(edge, check);
         }
     }
 

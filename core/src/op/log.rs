@@ -12,6 +12,8 @@
 //! Within one ulp of the f64 logarithm rounded to f32 on a sweep of the
 //! positive floats (the tests).
 
+use super::exp::nan_or;
+
 /// e·LN2_HI is exact for |e| < 2⁹ (LN2_HI has 15 significant bits).
 const LN2_HI: f32 = 0.693_145_75;
 const LN2_LO: f32 = 1.428_606_8e-6;
@@ -38,9 +40,7 @@ pub(crate) fn ln_f32(x: f32) -> f32 {
     let half_sq = 0.5 * f * f;
     let y = e * LN2_HI + ((f - half_sq) + (s * (half_sq + r) + e * LN2_LO));
     // Specials: NaN stays, negatives give NaN, ±0 gives −inf, +inf stays.
-    if x.is_nan() {
-        x
-    } else if x < 0.0 {
+    let y = if x < 0.0 {
         f32::NAN
     } else if x == 0.0 {
         f32::NEG_INFINITY
@@ -48,13 +48,14 @@ pub(crate) fn ln_f32(x: f32) -> f32 {
         x
     } else {
         y
-    }
+    };
+    nan_or(x, y)
 }
 
 #[cfg(test)]
 mod tests {
     use super::ln_f32;
-    use crate::op::ulp::ulps;
+    use crate::op::ulp::{around, sweep, ulps};
 
     fn check(x: f32) {
         let (y, rounded) = (ln_f32(x), f64::from(x).ln() as f32);
@@ -65,18 +66,11 @@ mod tests {
     fn within_one_ulp_on_a_sweep_of_the_positive_floats() {
         // Every 97th positive bit pattern: subnormals, both halves of the
         // mantissa range, the largest floats, +inf.
-        let mut bits = 1u32;
-        while bits < 0x7f80_0001 {
-            check(f32::from_bits(bits));
-            bits += 97;
-        }
+        sweep(1..0x7f80_0001, 97, check);
         // Densely around 1 (ln near 0), √2 (the mantissa switch) and the
         // smallest normal.
         for centre in [1.0f32, std::f32::consts::SQRT_2, f32::MIN_POSITIVE, 0.5] {
-            let c = centre.to_bits();
-            for b in c - 20_000..c + 20_000 {
-                check(f32::from_bits(b));
-            }
+            around(centre, check);
         }
     }
 
