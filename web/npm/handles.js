@@ -85,6 +85,29 @@ export function scopeHandles(glue, KilnError) {
     return null;
   };
 
+  // A wrong JavaScript type the glue cannot convert: a symbol or a BigInt
+  // (no kiln function takes one; the glue's number conversion would throw a
+  // bare TypeError), or what the glue's guards refuse (scripts/guard-glue.mjs:
+  // a non-string for a string, a non-array for an array, another class's
+  // object). Both become the InvalidArgument KilnError of any bad argument.
+  const wrongType = (args, name) => {
+    for (let i = 0; i < args.length; i++) {
+      const t = typeof args[i];
+      if (t === 'symbol' || t === 'bigint') {
+        return new KilnError('InvalidArgument', name, `${name}: argument ${i + 1} is a ${t}, which no kiln function takes`);
+      }
+    }
+    return null;
+  };
+  const call = (fn, self, args, name) => {
+    try {
+      return fn.apply(self, args);
+    } catch (e) {
+      if (e instanceof TypeError && e.kilnArgument) throw new KilnError('InvalidArgument', name, `${name}: ${e.message}`);
+      throw e;
+    }
+  };
+
   const promiseMethods = new Set(['toArray', 'item']);
   const wrap = (fn, name, ofTensor) => function (...args) {
     const info = ofTensor ? retired.get(this) : undefined;
@@ -93,9 +116,9 @@ export function scopeHandles(glue, KilnError) {
       if (promiseMethods.has(name)) return Promise.reject(error);
       throw error;
     }
-    const bad = staleArgument(args);
+    const bad = staleArgument(args) ?? wrongType(args, name);
     if (bad) throw bad;
-    return note(fn.apply(this, args));
+    return note(call(fn, this, args, name));
   };
 
   for (const value of classes.keys()) {
@@ -131,6 +154,8 @@ export function scopeHandles(glue, KilnError) {
             }
             return note(get.call(this));
           },
+          // Setters: the same checks as a method's argument.
+          ...(d.set ? { set: wrap(d.set, key, ofTensor) } : {}),
         });
       }
     }
@@ -170,6 +195,20 @@ export function scopeHandles(glue, KilnError) {
   for (const [name, value] of Object.entries(glue)) {
     if (typeof value === 'function' && !classes.has(value)) {
       functions[name] = wrap(value, name, false);
+    } else if (classes.has(value) && /\bconstructor\s*\(/.test(Function.prototype.toString.call(value))) {
+      // A class users construct (`new Adam(...)`) gets the same argument
+      // checks through a Proxy; `instanceof`, the statics and the prototype
+      // are the class's own, and `constructor` names the Proxy.
+      const proxy = new Proxy(value, {
+        construct(target, args, newTarget) {
+          const bad = staleArgument(args) ?? wrongType(args, name);
+          if (bad) throw bad;
+          return call((...a) => Reflect.construct(target, a, newTarget === proxy ? target : newTarget), null, args, name);
+        },
+      });
+      Object.defineProperty(value.prototype, 'constructor', { value: proxy, writable: true, configurable: true });
+      classes.set(proxy, name);
+      functions[name] = proxy;
     }
   }
   return functions;

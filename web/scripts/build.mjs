@@ -19,6 +19,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { wasmSizes } from './wasm-sizes.mjs';
 import { minify } from 'terser';
 import { shortenNames } from './short-names.mjs';
+import { guardGlue } from './guard-glue.mjs';
 
 const web = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 // KILN_WEB_PKG: build into another directory (e.g. to test a change while
@@ -96,6 +97,10 @@ function buildWasm(dir, { threads }) {
   // version: test-web.sh installs it).
   run('wasm-bindgen', ['--target', 'web', '--out-dir', path.join(pkg, dir), '--out-name', 'kiln_web', '--weak-refs', built]);
   const wasm = path.join(pkg, dir, 'kiln_web_bg.wasm');
+  // Wrong argument types are refused in the glue before they reach wasm
+  // (scripts/guard-glue.mjs): a number for a string parameter corrupted
+  // wasm's allocator.
+  console.log(`guarded glue helpers (${dir}): ${guardGlue(path.join(pkg, dir, 'kiln_web.js'))}`);
   // One- and two-letter names for the imports and exports the glue links
   // (scripts/short-names.mjs): -6.0 KB wasm, -3.3 KB glue, gzipped.
   // KILN_WEB_SHORT_NAMES=0 keeps wasm-bindgen's names.
@@ -147,14 +152,16 @@ if (threaded) {
 const internal = (n) => n.startsWith('__') || n === 'initSync' || n === 'start' || n === 'default';
 const glue = await import(pathToFileURL(path.join(pkg, 'web', 'kiln_web.js')));
 const names = Object.keys(glue).filter((n) => !internal(n));
-// Classes are re-exported as they are (handles.js patches their
-// prototypes); functions are exported wrapped by handles.js.
+// Classes are re-exported with their prototypes patched by handles.js (the
+// ones users construct, behind its argument-checking Proxy); functions are
+// exported wrapped by handles.js.
 const isClass = (n) => typeof glue[n] === 'function' && typeof glue[n].prototype?.free === 'function';
 const classes = names.filter(isClass);
 const functions = names.filter((n) => !isClass(n));
 const scoped = `import { scopeHandles } from './handles.js';
 const scoped = scopeHandles(glue, KilnError);
-export const { ${functions.join(', ')} } = scoped;`;
+export const { ${functions.join(', ')} } = scoped;
+export const { ${classes.join(', ')} } = { ...glue, ...scoped };`;
 fs.copyFileSync(path.join(web, 'npm', 'handles.js'), path.join(pkg, 'handles.js'));
 // KilnError: the errors kiln throws are Errors named 'KilnError' with kind
 // and op (made in Rust, src/error.rs); instanceof KilnError recognises
@@ -165,11 +172,21 @@ class KilnError extends Error {
   static [Symbol.hasInstance](value) {
     return value instanceof Error && value.name === 'KilnError' && typeof value.kind === 'string' && typeof value.op === 'string';
   }
-}`;
+}
+// The JavaScript-only entry points refuse bad arguments and report failed
+// reads and writes the way the wasm-backed ones do: as KilnErrors.
+const badArgument = (op, expected, v) => new KilnError('InvalidArgument', op, op + ': expected ' + expected + ', got ' +
+  (v === null ? 'null' : typeof v === 'string' ? 'the string ' + JSON.stringify(v) : Array.isArray(v) ? 'an array' : typeof v));
+const ioFailed = (op, what, e) => e instanceof KilnError ? e : new KilnError('Io', op, op + ': ' + what + ' failed: ' + (e && e.message));
+const checkTarget = (op, v, method) => {
+  if (v === null || typeof v !== 'object' || typeof v[method] !== 'function') throw badArgument(op, 'an object with ' + method + '()', v);
+};`;
 // Checkpoint helpers: in a page, save = download and load = fetch a URL or
 // read an uploaded File/Blob; in Node, files. Both also accept bytes.
 const checkpointsWeb = `/** Download from.stateDict() as a file called name; resolves to the bytes. */
 export async function saveCheckpoint(name, from) {
+  if (typeof name !== 'string') throw badArgument('saveCheckpoint', 'a file name', name);
+  checkTarget('saveCheckpoint', from, 'stateDict');
   const bytes = await from.stateDict();
   const url = URL.createObjectURL(new Blob([bytes], { type: 'application/octet-stream' }));
   const a = document.createElement('a');
@@ -180,28 +197,39 @@ export async function saveCheckpoint(name, from) {
 }
 /** Load a checkpoint into \`into\` from a URL (fetched), an uploaded File/Blob, or bytes; resolves to the bytes. */
 export async function loadCheckpoint(source, into) {
+  const op = 'loadCheckpoint';
+  checkTarget(op, into, 'loadStateDict');
   let bytes;
   if (source instanceof Uint8Array) bytes = source;
   else if (typeof source === 'string' || source instanceof URL) {
-    const response = await fetch(source);
-    if (!response.ok) throw new KilnError('Io', 'loadCheckpoint', 'loadCheckpoint: fetching ' + source + ' gave HTTP ' + response.status);
+    let response;
+    try { response = await fetch(source); } catch (e) { throw ioFailed(op, 'fetching ' + source, e); }
+    if (!response.ok) throw new KilnError('Io', op, op + ': fetching ' + source + ' gave HTTP ' + response.status);
     bytes = new Uint8Array(await response.arrayBuffer());
-  } else bytes = new Uint8Array(await source.arrayBuffer());
+  } else if (source !== null && typeof source === 'object' && typeof source.arrayBuffer === 'function') bytes = new Uint8Array(await source.arrayBuffer());
+  else throw badArgument(op, 'a URL, a File or Blob, or a Uint8Array', source);
   into.loadStateDict(bytes);
   return bytes;
 }`;
 const checkpointsNode = `/** Write from.stateDict() to the file at path; resolves to the bytes. */
 async function saveCheckpoint(path, from) {
+  const op = 'saveCheckpoint';
+  if (typeof path !== 'string' && !(path instanceof URL)) throw badArgument(op, 'a file path', path);
+  checkTarget(op, from, 'stateDict');
   const bytes = await from.stateDict();
-  nodeFs.writeFileSync(path, bytes);
+  try { nodeFs.writeFileSync(path, bytes); } catch (e) { throw ioFailed(op, 'writing ' + path, e); }
   return bytes;
 }
 /** Load a checkpoint into \`into\` from a file path, a Blob, or bytes; resolves to the bytes. */
 async function loadCheckpoint(source, into) {
+  const op = 'loadCheckpoint';
+  checkTarget(op, into, 'loadStateDict');
   let bytes;
   if (source instanceof Uint8Array) bytes = source;
-  else if (typeof source === 'string' || source instanceof URL) bytes = new Uint8Array(nodeFs.readFileSync(source));
-  else bytes = new Uint8Array(await source.arrayBuffer());
+  else if (typeof source === 'string' || source instanceof URL) {
+    try { bytes = new Uint8Array(nodeFs.readFileSync(source)); } catch (e) { throw ioFailed(op, 'reading ' + source, e); }
+  } else if (source !== null && typeof source === 'object' && typeof source.arrayBuffer === 'function') bytes = new Uint8Array(await source.arrayBuffer());
+  else throw badArgument(op, 'a file path, a Blob, or a Uint8Array', source);
   into.loadStateDict(bytes);
   return bytes;
 }`;
@@ -247,8 +275,10 @@ ${digitsDoc('a URL')}
 export async function loadDigits(testFraction, seed, source) {
   let bytes = source;
   if (!(bytes instanceof Uint8Array)) {
+    if (source != null && typeof source !== 'string' && !(source instanceof URL)) throw badArgument('loadDigits', 'a URL or a Uint8Array', source);
     const url = source ?? new URL('./web/digits.csv.gz', import.meta.url);
-    const response = await fetch(url);
+    let response;
+    try { response = await fetch(url); } catch (e) { throw ioFailed('loadDigits', 'fetching ' + url, e); }
     if (!response.ok) throw new KilnError('Io', 'loadDigits', 'loadDigits: fetching ' + url + ' gave HTTP ' + response.status);
     bytes = new Uint8Array(await response.arrayBuffer());
   }
@@ -257,9 +287,13 @@ export async function loadDigits(testFraction, seed, source) {
 const digitsNode = `${inflateDigits}
 ${digitsDoc('a file path or URL')}
 export async function loadDigits(testFraction, seed, source) {
-  const bytes = source instanceof Uint8Array ? source
-    : new Uint8Array(nodeFs.readFileSync(source ?? new URL('./web/digits.csv.gz', import.meta.url)));
-  return glue.digitsFromBytes(await inflateDigits(bytes), testFraction, seed);
+  let bytes = source;
+  if (!(bytes instanceof Uint8Array)) {
+    if (source != null && typeof source !== 'string' && !(source instanceof URL)) throw badArgument('loadDigits', 'a file path, a URL or a Uint8Array', source);
+    const file = source ?? new URL('./web/digits.csv.gz', import.meta.url);
+    try { bytes = new Uint8Array(nodeFs.readFileSync(file)); } catch (e) { throw ioFailed('loadDigits', 'reading ' + file, e); }
+  }
+  return digitsFromBytes(await inflateDigits(bytes), testFraction, seed);
 }`;
 // checkCustomOp: kiln's Rust check_custom_op for ops registered from JS,
 // written with the public API (it needs a CPU Kiln: \`KilnClass\` is bound by
@@ -270,6 +304,7 @@ const checkCustomOpSource = `/** Check a custom op as kiln's Rust check_custom_o
  *  the device. Resolves to a report; report.passed says whether every check passed. */
 async function checkCustomOp(op, inputs, options = {}) {
   const name = 'checkCustomOp';
+  checkTarget(name, op, 'apply');
   if (!Array.isArray(inputs) || inputs.length !== op.arity) {
     throw new KilnError('InvalidArgument', name, name + ': ' + op.name + ' takes ' + op.arity + ' operands, ' + (Array.isArray(inputs) ? inputs.length : 'no array') + ' given');
   }
@@ -415,7 +450,6 @@ fs.writeFileSync(path.join(pkg, 'node.mjs'), `// kiln-web for Node.js as an ES m
 import nodeFs from 'node:fs';
 import * as glue from './web/kiln_web.js';
 glue.initSync({ module: nodeFs.readFileSync(new URL('./web/kiln_web_bg.wasm', import.meta.url)) });
-export { ${classes.join(', ')} } from './web/kiln_web.js';
 ${kilnError}
 export { KilnError };
 ${scoped}
