@@ -186,8 +186,8 @@ pub(crate) struct Segment {
 pub(crate) struct VjpRegion {
     pub start: NodeId,
     pub end: NodeId,
-    pub inputs: smallvec::SmallVec<[NodeId; 4]>,
-    pub outputs: smallvec::SmallVec<[NodeId; 4]>,
+    pub inputs: crate::small::SmallVec<[NodeId; 4]>,
+    pub outputs: crate::small::SmallVec<[NodeId; 4]>,
     pub backward: std::rc::Rc<dyn crate::autograd::VjpBackward>,
     /// The `custom_vjp` call, for errors found when the backward runs.
     pub location: &'static Location<'static>,
@@ -587,9 +587,9 @@ impl Graph {
         Dims::from_slice(SlabRange::of(&state.dims_slab, state.nodes[id as usize].dims))
     }
 
-    pub(crate) fn inputs_of(&self, id: NodeId) -> smallvec::SmallVec<[NodeId; 3]> {
+    pub(crate) fn inputs_of(&self, id: NodeId) -> crate::small::SmallVec<[NodeId; 3]> {
         let state = self.state.borrow();
-        smallvec::SmallVec::from_slice(SlabRange::of(&state.input_slab, state.nodes[id as usize].inputs))
+        crate::small::SmallVec::from_slice(SlabRange::of(&state.input_slab, state.nodes[id as usize].inputs))
     }
 
     /// The buffer holding a node's value, if computed.

@@ -33,6 +33,7 @@ mod ops;
 pub mod optim;
 pub mod param;
 pub mod shape;
+pub mod small;
 pub mod tensor_rng;
 
 pub use autograd::{checkpoint, checkpoint_many, custom_vjp, custom_vjp_many, BackwardOptions};

@@ -14,7 +14,7 @@
 //! cost 1.9 KB of gzipped wasm (measured 2026-12-06), over the size
 //! budget, so the browser adds the pieces as before.
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use super::Graph;
 use crate::error::Result;

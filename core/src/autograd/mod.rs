@@ -17,7 +17,7 @@ pub use segment::{checkpoint, checkpoint_many};
 pub(crate) use vjp::check_backward_gradients;
 pub use vjp::{custom_vjp, custom_vjp_many, VjpBackward};
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use crate::backend::BufferId;
 use crate::error::{Error, Result};

@@ -5,7 +5,7 @@
 //! inputs get a gradient at all, and why an op has no rule are stated in the
 //! op table (`Op::info`); a test holds the two together.
 
-use smallvec::{smallvec, SmallVec};
+use crate::small::{smallvec, SmallVec};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};

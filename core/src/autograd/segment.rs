@@ -25,7 +25,7 @@
 
 use std::panic::Location;
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::graph::{flags, Graph, NodeId, Segment, SlabRange, Tensor, VjpRegion};

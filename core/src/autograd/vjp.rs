@@ -22,7 +22,7 @@
 use std::panic::Location;
 use std::rc::Rc;
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::graph::{flags, Graph, NodeId, Tensor, VjpRegion};

@@ -20,7 +20,7 @@
 //! kernel uses, so results are bit-identical with fusion off
 //! (`Device::set_fusion(false)` or `KILN_FUSION=0`).
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use super::{pinned, RAN, TARGET};
 use crate::backend::{Backend, BufferId, FusedArg, FusedCall, FusedMatMul, FusedOp, TensorRef};

@@ -4,7 +4,7 @@
 //! are offered (`kernel_work`), which is where running them side by side
 //! gains.
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use super::layout::PAR_THRESHOLD;
 use super::matmul::PAR_GEMM_WORK;

@@ -11,7 +11,7 @@
 //! has run); the kept ones are copied out tile by tile. Large groups split
 //! the range over rayon's threads, each with its own tiles.
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use super::layout::broadcast_to;
 use super::scalar::Scalar;

@@ -3,7 +3,7 @@
 //! of the innermost (collapsed) dimension, plus the size threshold and the
 //! chunking that decide when rayon is used.
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use crate::shape::Dims;
 

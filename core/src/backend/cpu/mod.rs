@@ -38,7 +38,7 @@ mod window;
 
 use std::cell::RefCell;
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 #[cfg(feature = "rayon")]
 use crate::backend::Concurrency;

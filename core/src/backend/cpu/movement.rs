@@ -108,7 +108,7 @@ pub(super) fn concat(axis: usize, ins: &[In<'_>], out: &mut Out<'_>) -> Result<(
         let srcs = ins
             .iter()
             .map(|x| Ok((x.slice::<T>(OP)?, x.dims[axis] * inner)))
-            .collect::<Result<smallvec::SmallVec<[(&[T], usize); 4]>>>()?;
+            .collect::<Result<crate::small::SmallVec<[(&[T], usize); 4]>>>()?;
         for_chunks(out.slice::<T>(OP)?, row, |s, c| {
             for (r, orow) in c.chunks_exact_mut(row).enumerate() {
                 let outer = s / row + r;

@@ -11,7 +11,7 @@
 //! set (a list of offsets). Few long blocks are split across threads in
 //! aligned power-of-two runs of leaves, which are subtrees of the rule.
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 #[cfg(feature = "rayon")]
 use super::layout::PAR_THRESHOLD;

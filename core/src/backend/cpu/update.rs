@@ -3,7 +3,7 @@
 //! into a new one), elementwise, PyTorch's formulas, in wide vectors where
 //! the CPU has them (`simd`).
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use super::scalar::Scalar;
 use super::{with_float, CpuStorage};

@@ -49,7 +49,7 @@ pub use check::{check_custom_op, CustomCheckOptions, CustomOpReport, Parity};
 use std::panic::Location;
 use std::sync::RwLock;
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use super::table::{DTypeSet, Saved};
 use crate::dtype::DType;

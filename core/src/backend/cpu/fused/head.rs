@@ -6,7 +6,7 @@
 //! buffer that only cache lines see. The same gemm calls and per-element
 //! functions as unfused, so the same bits.
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use super::super::matmul::{Block, Blocked};
 use super::super::scalar::{Float, Scalar};

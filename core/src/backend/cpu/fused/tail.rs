@@ -14,7 +14,7 @@
 //! and outermost (columns: bias gradients). Others run split
 //! (`run_tail_split`).
 
-use smallvec::SmallVec;
+use crate::small::SmallVec;
 
 use super::super::reduce::{fold_contiguous, Leaf, Tree, COST, LANES, LEAF, PAR_BLOCKS_BELOW};
 use super::super::scalar::Num;
