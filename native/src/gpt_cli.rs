@@ -315,11 +315,20 @@ pub fn sample(args: SampleArgs) -> Result<()> {
     let model = Gpt::new(&device, config, 0)?;
     kiln::checkpoint::load_state(&model, &bytes)?;
     let mut stdout = std::io::stdout();
-    print!("{}", args.prompt);
+    // The prompt is printed with the first generated character, so that a
+    // refused request (a prompt outside the vocabulary, a temperature of 0)
+    // prints only its error.
+    let mut started = false;
     gpt::generate(&device, &model, &vocab, &args.prompt, args.tokens, args.temperature, args.top_k, args.seed, |c| {
+        if !std::mem::replace(&mut started, true) {
+            print!("{}", args.prompt);
+        }
         print!("{c}");
         let _ = stdout.flush();
     })?;
+    if !started {
+        print!("{}", args.prompt);
+    }
     println!();
     Ok(())
 }

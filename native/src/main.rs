@@ -92,7 +92,7 @@ struct TrainArgs {
     #[arg(long)]
     batch_size: Option<usize>,
     /// Adam learning rate (default: 3e-3 for digits, 1e-3 otherwise).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f64>,
     /// Hidden layer widths, comma separated (default: 128 for digits, 512,256 otherwise).
     #[arg(long, value_delimiter = ',')]
@@ -122,7 +122,7 @@ struct TrainArgs {
     #[arg(long, default_value_t = 64)]
     context: usize,
     /// GPT: dropout on attention, residual branches.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     dropout: f64,
     /// GPT: checkpoint file (model; the optimizer and schedule go to FILE.optim).
     #[arg(long, default_value = "kiln-gpt.safetensors")]
@@ -171,7 +171,7 @@ struct SampleArgs {
     /// Characters to generate.
     #[arg(long, default_value_t = 500)]
     tokens: usize,
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f64,
     /// Sample only among the k most likely characters.
     #[arg(long)]
@@ -192,7 +192,7 @@ struct DistributedArgs {
     #[arg(long)]
     distributed: bool,
     /// Largest gradient message in MiB.
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, default_value_t = 4.0, allow_negative_numbers = true)]
     bucket_mb: f64,
     /// Exchange gradients only after backward, not during it.
     #[arg(long)]

@@ -86,3 +86,68 @@ fn the_model_is_saved_before_the_plot_and_epochs_0_evaluates_it() {
     assert_eq!(final_accuracy(&out), trained, "the loaded model was evaluated");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `kiln sample` refuses a request it cannot serve with its error alone
+/// (nothing on stdout: the prompt is printed with the first generated
+/// character), negative numbers included (`--temperature -1` reaches kiln's
+/// check rather than clap's "unexpected argument").
+#[test]
+fn sample_refusals_print_only_the_error() {
+    let dir = temp_dir("sample");
+    let text = dir.join("text.txt");
+    let line = "To be, or not to be, that is the question.\n";
+    std::fs::write(&text, line.repeat(60)).unwrap();
+    let ckpt = dir.join("gpt.safetensors");
+    let (text_s, ckpt_s) = (text.to_str().unwrap(), ckpt.to_str().unwrap());
+    let out = kiln(&[
+        "train",
+        "--model",
+        "gpt",
+        "--dataset",
+        "shakespeare",
+        "--data",
+        text_s,
+        "--steps",
+        "1",
+        "--layers",
+        "1",
+        "--heads",
+        "1",
+        "--width",
+        "8",
+        "--context",
+        "8",
+        "--eval-interval",
+        "100000",
+        "--final-eval-batches",
+        "1",
+        "--checkpoint",
+        ckpt_s,
+    ]);
+    assert!(out.status.success(), "train: {}", String::from_utf8_lossy(&out.stderr));
+    let sample = |extra: &[&str]| {
+        let mut args = vec!["sample", "--load", ckpt_s, "--prompt", "To be"];
+        args.extend_from_slice(extra);
+        kiln(&args)
+    };
+    for (extra, needle) in [
+        (&["--temperature", "-1"][..], "temperature -1"),
+        (&["--temperature", "0"][..], "temperature 0"),
+        (&["--top-k", "0"][..], "k = 0"),
+    ] {
+        let out = sample(extra);
+        refused(&out, &[needle]);
+        assert!(out.stdout.is_empty(), "{extra:?} printed {:?}", String::from_utf8_lossy(&out.stdout));
+    }
+    let out = kiln(&["sample", "--load", ckpt_s, "--prompt", "Zebra\u{65e5}"]);
+    refused(&out, &["not in the vocabulary"]);
+    assert!(out.stdout.is_empty());
+    let out = sample(&["--tokens", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "To be\n");
+    let out = sample(&["--tokens", "5", "--seed", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.starts_with("To be") && printed.chars().count() == "To be".len() + 5 + 1, "{printed:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
