@@ -99,31 +99,12 @@ fn sample_refusals_print_only_the_error() {
     std::fs::write(&text, line.repeat(60)).unwrap();
     let ckpt = dir.join("gpt.safetensors");
     let (text_s, ckpt_s) = (text.to_str().unwrap(), ckpt.to_str().unwrap());
-    let out = kiln(&[
-        "train",
-        "--model",
-        "gpt",
-        "--dataset",
-        "shakespeare",
-        "--data",
-        text_s,
-        "--steps",
-        "1",
-        "--layers",
-        "1",
-        "--heads",
-        "1",
-        "--width",
-        "8",
-        "--context",
-        "8",
-        "--eval-interval",
-        "100000",
-        "--final-eval-batches",
-        "1",
-        "--checkpoint",
-        ckpt_s,
-    ]);
+    let mut args: Vec<&str> = "train --model gpt --dataset shakespeare --steps 1 --layers 1 --heads 1 --width 8 \
+         --context 8 --eval-interval 100000 --final-eval-batches 1"
+        .split_whitespace()
+        .collect();
+    args.extend(["--data", text_s, "--checkpoint", ckpt_s]);
+    let out = kiln(&args);
     assert!(out.status.success(), "train: {}", String::from_utf8_lossy(&out.stderr));
     let sample = |extra: &[&str]| {
         let mut args = vec!["sample", "--load", ckpt_s, "--prompt", "To be"];
