@@ -169,3 +169,32 @@ fn split_groups_reuse_their_scratch_buffers() {
     let stats = device.exec_stats();
     assert!(stats.fused_products >= 4 && stats.fused_reductions >= 4, "{stats:?}");
 }
+
+/// A product fused with its epilogue whose value the group does not keep
+/// (`gelu(x · Wᵀ)` with no gradient) goes to a pooled scratch buffer: the
+/// same bits as unfused, and a repeated step allocates no new one (it was a
+/// fresh zero-filled buffer per call).
+#[test]
+fn blocked_products_not_kept_reuse_scratch_buffers() {
+    let step = |device: &Device| {
+        let g = Graph::new(device);
+        let x = g.tensor_from(&data(192 * 64, 4), &[192, 64]).unwrap();
+        let w = g.tensor_from(&data(512 * 64, 5), &[512, 64]).unwrap();
+        let y = x.matmul_t(w, false, true).unwrap().gelu().unwrap();
+        g.realize(&[y]).unwrap();
+        bits(&y)
+    };
+    let device = Device::cpu();
+    let reference = Device::cpu();
+    reference.set_fusion(false);
+    let scratch = || device.backend().counters().scratch_bytes_allocated;
+    let first = step(&device);
+    assert_eq!(first, step(&reference));
+    let after_first = scratch();
+    assert!(after_first >= 192 * 512 * 4, "the product went to scratch: {after_first} bytes");
+    for _ in 0..3 {
+        assert_eq!(step(&device), first);
+    }
+    assert_eq!(scratch(), after_first, "a repeated step created scratch buffers");
+    assert!(device.exec_stats().fused_products >= 4, "{:?}", device.exec_stats());
+}

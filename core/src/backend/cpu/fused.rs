@@ -427,7 +427,18 @@ pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
         None => std::rc::Rc::new(plan(call, value)?),
     };
     let plan = &*plan;
+    // A product the group does not keep is written to a pooled scratch
+    // buffer, not to a fresh zero-filled allocation per call (1.5 MB for the
+    // GPT's MLP gradient; fused[MatMul Bᵀ,Gelu] [768,128]x[512,128] run in a
+    // loop on one thread: 2.3 -> 1.7 ms per call).
+    let scratch = match &blocked {
+        Some(_) if !call.outputs.iter().any(|&(k, _)| k == 0) => {
+            Some(crate::backend::Backend::scratch_alloc(be, value, call.dims.iter().product())?)
+        }
+        _ => None,
+    };
     let mut slab = be.slab.borrow_mut();
+    let mut scratch_storage = scratch.and_then(|id| slab.get_mut(id.0 as usize).and_then(Option::take));
     // Outputs leave the slab while the group runs (as in `run`): a buffer
     // named twice, or also as an input, is then missing, never aliased.
     let mut taken: SmallVec<[(TensorRef<'_>, CpuStorage); 8]> = SmallVec::new();
@@ -461,13 +472,21 @@ pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
             }
             if let Some((h, blocked)) = &blocked {
                 let operands = [stored(&h.a, "MatMul")?, stored(&h.b, "MatMul")?];
-                return with_float!(value, NAME, T => head::eval::<T>(call, h, blocked, plan, &ins, operands, &mut taken));
+                let scratch = scratch_storage.as_mut();
+                return with_float!(value, NAME, T => head::eval::<T>(call, h, blocked, plan, &ins, operands, scratch, &mut taken));
             }
             with_num!(value, NAME, T => eval::<T>(call, plan, &ins, &mut taken))
         })();
     }
     for (t, s) in taken {
         slab[t.buffer.0 as usize] = Some(s);
+    }
+    if let (Some(id), Some(s)) = (scratch, scratch_storage) {
+        slab[id.0 as usize] = Some(s);
+    }
+    drop(slab);
+    if let Some(id) = scratch {
+        crate::backend::Backend::scratch_free(be, id);
     }
     result
 }

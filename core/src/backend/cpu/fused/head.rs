@@ -26,6 +26,7 @@ pub(super) fn eval<T: Float + Scalar + Value>(
     plan: &Plan,
     ins: &[&CpuStorage],
     [sa, sb]: [&CpuStorage; 2],
+    scratch: Option<&mut CpuStorage>,
     outs: &mut [(TensorRef<'_>, CpuStorage)],
 ) -> Result<()> {
     let n: usize = call.dims.iter().product();
@@ -33,10 +34,11 @@ pub(super) fn eval<T: Float + Scalar + Value>(
     let lhs = T::of(sa).and_then(|v| v.get(..head.a.numel())).ok_or_else(|| bad("left operand of the wrong dtype"))?;
     let rhs = T::of(sb).and_then(|v| v.get(..head.b.numel())).ok_or_else(|| bad("right operand of the wrong dtype"))?;
     let mut inputs = typed_inputs::<T>(call, ins)?;
-    // The product goes to its own output when kept, else to scratch; the
+    // The product goes to its own output when kept, else to the pooled
+    // `scratch` buffer (whose old contents the product overwrites); the
     // other kept values are written block by block.
     let head_output = call.outputs.iter().position(|&(k, _)| k == 0);
-    let mut scratch: Vec<T>;
+    let mut fresh: Vec<T>;
     let mut product: Option<&mut [T]> = None;
     let mut shared: SmallVec<[Shared<T>; 8]> = SmallVec::new();
     for (o, slice) in write_constants(plan, typed_outputs(outs)?).into_iter().enumerate() {
@@ -50,11 +52,11 @@ pub(super) fn eval<T: Float + Scalar + Value>(
             Some(OutSlice::B(v)) => Shared::B(v.as_mut_ptr(), v.len()),
         });
     }
-    let product = match product {
-        Some(p) => p,
-        None => {
-            scratch = crate::memory::try_vec("MatMul", n, T::ZERO)?;
-            &mut scratch[..]
+    let product = match (product, scratch.and_then(|s| T::of_mut(s)).and_then(|v| v.get_mut(..n))) {
+        (Some(p), _) | (None, Some(p)) => p,
+        (None, None) => {
+            fresh = crate::memory::try_vec("MatMul", n, T::ZERO)?;
+            &mut fresh[..]
         }
     };
     if n == 0 {
