@@ -150,7 +150,11 @@ pub enum Kernel {
     Copy,
     /// index.wgsl with the given element type.
     Index(Ty),
-    Update,
+    /// update.wgsl; `vec4`: four elements per thread (tensors of a
+    /// multiple of 4 elements).
+    Update {
+        vec4: bool,
+    },
     /// window.wgsl (Im2Col, Col2Im) with the given element type (f32, i32).
     Window(Ty),
     /// window_folded.wgsl: Im2Col and Col2Im with the batch folded into the
@@ -207,7 +211,7 @@ impl Kernel {
                 "tree_level",
                 "scatter",
             ],
-            Kernel::Update => &["sgd", "sgd_momentum", "adam"],
+            Kernel::Update { .. } => &["sgd", "sgd_momentum", "adam"],
             Kernel::Window(_) => &["im2col", "col2im"],
             Kernel::WindowFolded(_) => &["im2col", "col2im"],
             Kernel::Pool => &["forward", "first_maxima", "backward"],
@@ -277,7 +281,8 @@ impl Kernel {
             Kernel::Chunks => CHUNKS.to_string(),
             Kernel::Copy => format!("{STRIDED}\n{MOVEMENT}"),
             Kernel::Index(t) => specialise(INDEX, &[alias("T", t)]),
-            Kernel::Update => UPDATE.to_string(),
+            Kernel::Update { vec4: false } => UPDATE.to_string(),
+            Kernel::Update { vec4: true } => specialise(UPDATE, &["alias V = vec4<f32>;".to_string()]),
             Kernel::Window(Ty::U32) => return None, // the CPU has no bool Im2Col either
             Kernel::Window(t) => specialise(WINDOW, &[alias("T", t)]),
             Kernel::WindowFolded(Ty::U32) => return None,
@@ -521,7 +526,8 @@ pub fn all_kernels() -> Vec<Kernel> {
         Kernel::MatMul,
         Kernel::Chunks,
         Kernel::Copy,
-        Kernel::Update,
+        Kernel::Update { vec4: false },
+        Kernel::Update { vec4: true },
         Kernel::Pool,
         Kernel::Random,
         Kernel::Rowwise,
@@ -754,13 +760,14 @@ mod tests {
         // fill, where, index x 3 types; 9 casts; the unary and binary ops
         // the table gives an f32 or i32 kernel (every op with one must have
         // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
-        // copy, update; window and folded window x 2 types (f32, i32);
+        // copy, update (scalar and vec4); window and folded window x 2
+        // types (f32, i32);
         // pool, random, rowwise, norm; the vec4 and staged matmuls' 4
         // operand layouts each.
         let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
         let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
             + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 4 + 2 + 2 + 4 + 4 + 4, "{kernels:?}");
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 5 + 2 + 2 + 4 + 4 + 4, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);

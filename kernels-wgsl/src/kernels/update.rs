@@ -24,19 +24,23 @@ pub(crate) fn update(
     len: usize,
 ) -> Result<()> {
     check(upd, state, dtype)?;
-    let (entry, params) = prepare(upd, word(OP, len)?)?;
+    // Four elements per thread when they divide evenly: the same operations
+    // on each lane, a quarter of the threads (on lavapipe W1's Adam took
+    // 7.5 ms per step one element per thread, 3.1 ms four; docs/performance.md).
+    let vec4 = len % 4 == 0;
+    let threads = if vec4 { len / 4 } else { len };
+    let (entry, params) = prepare(upd, word(OP, threads)?)?;
     let buf = |id: BufferId, write: bool| Arg::Buffer { id, dtype, len, write };
-    let groups = be.grid_for(OP, len)?;
+    let groups = be.grid_for(OP, threads)?;
     let (p, g) = ((1, buf(param, true)), (2, buf(grad, false)));
     let params = words(&params);
+    let kernel = Kernel::Update { vec4 };
     match entry {
-        Entry::Sgd => be.launch(OP, Kernel::Update, "sgd", &[p, g], params, groups),
-        Entry::SgdMomentum => {
-            be.launch(OP, Kernel::Update, "sgd_momentum", &[p, g, (3, buf(state[0], true))], params, groups)
-        }
+        Entry::Sgd => be.launch(OP, kernel, "sgd", &[p, g], params, groups),
+        Entry::SgdMomentum => be.launch(OP, kernel, "sgd_momentum", &[p, g, (3, buf(state[0], true))], params, groups),
         Entry::Adam => {
             let args = [p, g, (3, buf(state[0], true)), (4, buf(state[1], true))];
-            be.launch(OP, Kernel::Update, "adam", &args, params, groups)
+            be.launch(OP, kernel, "adam", &args, params, groups)
         }
     }
 }
@@ -222,7 +226,7 @@ fn launch_group(be: &WgpuBackend, calls: &[ParamUpdateCall<'_>], prepared: &[(En
         first_group += c.len.div_ceil(crate::shaders::WG as usize);
     }
     let groups = be.grid_for(OP, first_group.saturating_mul(crate::shaders::WG as usize))?;
-    be.launch_pipeline(OP, Kernel::Update, pipeline, &args, &params, groups)
+    be.launch_pipeline(OP, Kernel::Update { vec4: false }, pipeline, &args, &params, groups)
 }
 
 /// The WGSL of one multi-tensor update: update.wgsl's steps, one branch per
