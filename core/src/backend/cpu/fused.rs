@@ -472,8 +472,8 @@ pub(super) fn run(be: &CpuBackend, call: &FusedCall<'_>) -> Result<()> {
             }
             if let Some((h, blocked)) = &blocked {
                 let operands = [stored(&h.a, "MatMul")?, stored(&h.b, "MatMul")?];
-                let scratch = scratch_storage.as_mut();
-                return with_float!(value, NAME, T => head::eval::<T>(call, h, blocked, plan, &ins, operands, scratch, &mut taken));
+                let parts = head::Head { product: h, blocked, operands, scratch: scratch_storage.as_mut() };
+                return with_float!(value, NAME, T => head::eval::<T>(call, parts, plan, &ins, &mut taken));
             }
             with_num!(value, NAME, T => eval::<T>(call, plan, &ins, &mut taken))
         })();

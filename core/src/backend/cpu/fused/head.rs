@@ -19,16 +19,23 @@ use crate::backend::{FusedCall, FusedMatMul, TensorRef};
 use crate::error::Result;
 use crate::op::Value;
 
+/// The group's head: its product, how it runs, its operands' storage, and
+/// the pooled buffer for the product when the group does not keep it.
+pub(super) struct Head<'a> {
+    pub product: &'a FusedMatMul<'a>,
+    pub blocked: &'a Blocked,
+    pub operands: [&'a CpuStorage; 2],
+    pub scratch: Option<&'a mut CpuStorage>,
+}
+
 pub(super) fn eval<T: Float + Scalar + Value>(
     call: &FusedCall<'_>,
-    head: &FusedMatMul<'_>,
-    blocked: &Blocked,
+    head: Head<'_>,
     plan: &Plan,
     ins: &[&CpuStorage],
-    [sa, sb]: [&CpuStorage; 2],
-    scratch: Option<&mut CpuStorage>,
     outs: &mut [(TensorRef<'_>, CpuStorage)],
 ) -> Result<()> {
+    let Head { product: head, blocked, operands: [sa, sb], scratch } = head;
     let n: usize = call.dims.iter().product();
     let cols = *call.dims.last().ok_or_else(|| bad("a product with no axes"))?;
     let lhs = T::of(sa).and_then(|v| v.get(..head.a.numel())).ok_or_else(|| bad("left operand of the wrong dtype"))?;
