@@ -238,8 +238,8 @@ impl Batch {
     }
 }
 
-/// The bind group of one dispatch: its parameters' range of the arena, then
-/// its operands.
+/// The bind group of one dispatch: its parameters' range of the arena
+/// (unless its pipeline has them as constants), then its operands.
 fn bind_group(
     device: &wgpu::Device,
     d: &Dispatch,
@@ -247,29 +247,31 @@ fn bind_group(
     status: Option<&wgpu::Buffer>,
     status_bytes: u64,
 ) -> wgpu::BindGroup {
-    let entries: Vec<wgpu::BindGroupEntry<'_>> = std::iter::once(wgpu::BindGroupEntry {
+    let params = d.pipeline.binds_params.then(|| wgpu::BindGroupEntry {
         binding: 0,
         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer: arena,
             offset: d.params.0,
             size: wgpu::BufferSize::new(d.params.1),
         }),
-    })
-    .chain(d.bindings.iter().map(|(binding, res)| {
-        let (buffer, size) = match res {
-            Res::Buffer(b, size) => (b, *size),
-            Res::Status => (status.expect("checks exist"), status_bytes),
-        };
-        wgpu::BindGroupEntry {
-            binding: *binding,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer,
-                offset: 0,
-                size: wgpu::BufferSize::new(size),
-            }),
-        }
-    }))
-    .collect();
+    });
+    let entries: Vec<wgpu::BindGroupEntry<'_>> = params
+        .into_iter()
+        .chain(d.bindings.iter().map(|(binding, res)| {
+            let (buffer, size) = match res {
+                Res::Buffer(b, size) => (b, *size),
+                Res::Status => (status.expect("checks exist"), status_bytes),
+            };
+            wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(size),
+                }),
+            }
+        }))
+        .collect();
     device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &d.pipeline.layout, entries: &entries })
 }
 

@@ -62,6 +62,15 @@ pub struct WgpuOptions {
     /// `KILN_FUSE_REDUCE=1` or `=0` sets it from the environment when it is
     /// `None`.
     pub fuse_reduce_prologue: Option<bool>,
+    /// Whether a dispatch whose parameter words (shapes, strides, window
+    /// geometry) repeat runs a pipeline made for them, with them as WGSL
+    /// constants (native only; made at the second sighting, so a training
+    /// loop's steps after the first two compile nothing). `None` (the
+    /// default) specialises. The same bits either way: the kernel's text is
+    /// unchanged but for where its parameters come from.
+    /// `KILN_WGPU_SPECIALIZE=1` or `=0` sets it from the environment when
+    /// it is `None`.
+    pub specialize_shapes: Option<bool>,
 }
 
 impl Default for WgpuOptions {
@@ -78,6 +87,7 @@ impl Default for WgpuOptions {
             grouped_optimizer_update: None,
             fuse_matmul_epilogue: None,
             fuse_reduce_prologue: None,
+            specialize_shapes: None,
         }
     }
 }

@@ -33,6 +33,8 @@ mod pipelines;
 mod profile;
 mod readback;
 pub mod shaders;
+#[cfg(not(target_arch = "wasm32"))]
+mod specialize;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -131,13 +133,18 @@ pub struct WgpuBackend {
     /// (`WgpuOptions::fuse_reduce_prologue`).
     #[cfg(not(target_arch = "wasm32"))]
     fuse_reduce: bool,
+    /// Repeated parameter sets get pipelines with them as constants
+    /// (`WgpuOptions::specialize_shapes`).
+    #[cfg(not(target_arch = "wasm32"))]
+    specialize: bool,
 }
 
 /// An on/off switch from the environment, `NAME=1` or `=0`, for
 /// measurements (the `WgpuOptions` field wins when set):
 /// `KILN_GROUPED_UPDATE` (group optimizer updates, whatever the adapter)
-/// `KILN_FUSE_MATMUL` (fuse matmul epilogues) and `KILN_FUSE_REDUCE`
-/// (fuse reduction prologues).
+/// `KILN_FUSE_MATMUL` (fuse matmul epilogues), `KILN_FUSE_REDUCE`
+/// (fuse reduction prologues) and `KILN_WGPU_SPECIALIZE` (shape-specialised
+/// pipelines).
 #[cfg(not(target_arch = "wasm32"))]
 fn switch_from_env(name: &str) -> Option<bool> {
     match std::env::var(name).as_deref() {
@@ -188,6 +195,8 @@ impl WgpuBackend {
             fuse_matmul: options.fuse_matmul_epilogue.or_else(|| switch_from_env("KILN_FUSE_MATMUL")).unwrap_or(true),
             #[cfg(not(target_arch = "wasm32"))]
             fuse_reduce: options.fuse_reduce_prologue.or_else(|| switch_from_env("KILN_FUSE_REDUCE")).unwrap_or(true),
+            #[cfg(not(target_arch = "wasm32"))]
+            specialize: options.specialize_shapes.or_else(|| switch_from_env("KILN_WGPU_SPECIALIZE")).unwrap_or(true),
         })
     }
 
@@ -265,7 +274,45 @@ impl WgpuBackend {
             return Ok(());
         }
         let pipeline = self.pipeline(op, kernel, entry)?;
+        #[cfg(not(target_arch = "wasm32"))]
+        let pipeline = self.specialized(op, kernel, entry, pipeline, false, params)?;
         self.record(op, kernel, entry, pipeline, args, params, groups)
+    }
+
+    /// The shape-specialised pipeline for a dispatch of `pipeline` (an entry
+    /// point of `kernel`, or a generated pipeline) with `params`, once that
+    /// parameter set repeats (specialize.rs); else `pipeline` itself.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn specialized(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        entry: &'static str,
+        pipeline: Rc<pipelines::Pipeline>,
+        generated: bool,
+        params: &[u32],
+    ) -> Result<Rc<pipelines::Pipeline>> {
+        use specialize::{Found, Specializer};
+        if !self.specialize || !Specializer::eligible(kernel) {
+            return Ok(pipeline);
+        }
+        let mut pipelines = self.pipelines.borrow_mut();
+        let generic = generated.then_some(&pipeline);
+        let source = || if generated { pipeline.source.clone() } else { kernel.source() };
+        match pipelines.specializer.lookup(kernel, entry, generic, source, params) {
+            Found::Ready(p) => Ok(p),
+            Found::Generic => Ok(pipeline),
+            Found::Make(pending) => {
+                let made = if specialize::validates(&pending.source) {
+                    let label = format!("{}::{entry} (specialised)", kernel.label());
+                    pipelines.compile_specialized(&self.ctx, op, &label, &pending.source, entry).ok()
+                } else {
+                    None
+                };
+                pipelines.specializer.finish(pending, params, made.clone());
+                Ok(made.unwrap_or(pipeline))
+            }
+        }
     }
 
     /// Record one dispatch of the entry point `main` of a pipeline made
@@ -283,6 +330,7 @@ impl WgpuBackend {
         if groups.contains(&0) {
             return Ok(());
         }
+        let pipeline = self.specialized(op, kernel, "main", pipeline, true, params)?;
         self.record(op, kernel, "main", pipeline, args, params, groups)
     }
 
@@ -323,7 +371,7 @@ impl WgpuBackend {
             }
         }
         let mut batch = self.batch.borrow_mut();
-        let params = batch.push_params(&self.ctx, params);
+        let params = if pipeline.binds_params { batch.push_params(&self.ctx, params) } else { (0, 0) };
         batch.push(Command::Dispatch(Dispatch { pipeline, op, kernel, entry, bindings, params, groups }));
         Ok(())
     }
@@ -622,6 +670,10 @@ impl Backend for WgpuBackend {
             kernel_trials: self.matmul_tuner.trials(),
             dispatches: self.batch.borrow().dispatches,
             scratch_bytes_allocated: self.scratch_created.get(),
+            #[cfg(not(target_arch = "wasm32"))]
+            specialized_pipelines: pipelines.specializer.made,
+            #[cfg(target_arch = "wasm32")]
+            specialized_pipelines: 0,
         }
     }
 }

@@ -169,7 +169,6 @@ pub struct Folded {
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct Pool {
     pub window: Window,
-    pub empty: f32,
 }
 
 /// random.wgsl.
@@ -267,7 +266,7 @@ mod tests {
                 decay_factor
             }),
             layout!(Window { n, image, positions, kernel, stride, dilation, pad }),
-            layout!(Pool { window, empty }),
+            layout!(Pool { window }),
             layout!(Folded { window, batch }),
             layout!(Random { n, keys }),
             layout!(Rowwise { rows, l, s, diagonal, groups, parts }),

@@ -53,6 +53,12 @@ fn shader_module(ctx: &Context, label: &str, source: &str, own: bool) -> wgpu::S
 pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    /// Whether binding 0 takes the dispatch's parameters (false for a
+    /// shape-specialised pipeline, whose parameters are constants).
+    pub binds_params: bool,
+    /// The text of a generated pipeline, for its specialisations.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub source: Option<String>,
 }
 
 #[derive(Default)]
@@ -68,6 +74,9 @@ pub(crate) struct Pipelines {
     pub compile_time: std::time::Duration,
     #[cfg(not(target_arch = "wasm32"))]
     pub fused: (usize, std::time::Duration),
+    /// Shape-specialised pipelines (specialize.rs).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub specializer: crate::specialize::Specializer,
     /// Custom kernels the browser refused, with the error to repeat.
     #[cfg(target_arch = "wasm32")]
     refused: HashMap<Kernel, Rc<RefCell<Option<Error>>>>,
@@ -140,7 +149,13 @@ impl Pipelines {
             });
         }
         ctx.errors.check(op)?;
-        let p = Rc::new(Pipeline { pipeline, layout });
+        let p = Rc::new(Pipeline {
+            pipeline,
+            layout,
+            binds_params: true,
+            #[cfg(not(target_arch = "wasm32"))]
+            source: None,
+        });
         self.pipelines.insert((kernel, entry), p.clone());
         self.compiled += 1;
         #[cfg(not(target_arch = "wasm32"))]
@@ -158,24 +173,51 @@ impl Pipelines {
     /// with naga before creating the pipeline.
     pub fn compile(&mut self, ctx: &Context, op: &'static str, label: &str, source: &str) -> Result<Rc<Pipeline>> {
         let started = std::time::Instant::now();
+        let (pipeline, layout) = self.create(ctx, op, label, source, "main")?;
+        let took = started.elapsed();
+        self.fused.0 += 1;
+        self.fused.1 += took;
+        Ok(Rc::new(Pipeline { pipeline, layout, binds_params: true, source: Some(source.to_string()) }))
+    }
+
+    /// A shape-specialised pipeline of `entry` of `source` (specialize.rs;
+    /// its parameters are constants, so it binds none).
+    pub fn compile_specialized(
+        &mut self,
+        ctx: &Context,
+        op: &'static str,
+        label: &str,
+        source: &str,
+        entry: &str,
+    ) -> Result<Rc<Pipeline>> {
+        let (pipeline, layout) = self.create(ctx, op, label, source, entry)?;
+        Ok(Rc::new(Pipeline { pipeline, layout, binds_params: false, source: None }))
+    }
+
+    fn create(
+        &mut self,
+        ctx: &Context,
+        op: &'static str,
+        label: &str,
+        source: &str,
+        entry: &str,
+    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+        let started = std::time::Instant::now();
         let module = shader_module(ctx, label, source, true);
         ctx.errors.check(op)?;
         let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: None,
             module: &module,
-            entry_point: Some("main"),
+            entry_point: Some(entry),
             compilation_options: Default::default(),
             cache: None,
         });
         let layout = pipeline.get_bind_group_layout(0);
         ctx.errors.check(op)?;
         self.compiled += 1;
-        let took = started.elapsed();
-        self.compile_time += took;
-        self.fused.0 += 1;
-        self.fused.1 += took;
-        Ok(Rc::new(Pipeline { pipeline, layout }))
+        self.compile_time += started.elapsed();
+        Ok((pipeline, layout))
     }
 }
 

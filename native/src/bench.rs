@@ -71,6 +71,10 @@ pub struct StepCounters {
     /// Kernels the backend recorded per step (wgpu dispatches, each
     /// generated kernel of a fused group counted; 0 on the CPU).
     pub dispatches_per_step: f64,
+    /// Shape-specialised pipelines the backend holds after the counted
+    /// steps (wgpu; made at a parameter set's second sighting, so during
+    /// warm-up).
+    pub specialized_pipelines: usize,
     /// Host heap allocations and bytes per step (graph nodes, call records,
     /// kernel scratch); None without the counting allocator.
     pub host_allocations_per_step: Option<f64>,
@@ -88,7 +92,8 @@ impl StepCounters {
             "kernels_per_step={:.1} concurrent_kernels_per_step={:.1} fused_groups_per_step={:.1} \
              fused_nodes_per_step={:.1} fused_products_per_step={:.1} fused_reductions_per_step={:.1} plans_reused_per_step={:.1} plans_built_per_step={:.1} \
              device_bytes_allocated_per_step={:.0} peak_device_mib={:.2} pipelines_compiled_per_step={:.1} \
-             pipeline_cache_hits_per_step={:.1} kernel_trials_per_step={:.1} dispatches_per_step={:.1} {host}",
+             pipeline_cache_hits_per_step={:.1} kernel_trials_per_step={:.1} dispatches_per_step={:.1} \
+             specialized_pipelines={} {host}",
             self.kernels_per_step,
             self.concurrent_kernels_per_step,
             self.fused_groups_per_step,
@@ -103,6 +108,7 @@ impl StepCounters {
             self.pipeline_cache_hits_per_step,
             self.kernel_trials_per_step,
             self.dispatches_per_step,
+            self.specialized_pipelines,
         )
     }
 }
@@ -147,6 +153,7 @@ pub fn step_counters(
         pipeline_cache_hits_per_step: per(backend.pipeline_cache_hits, backend2.pipeline_cache_hits),
         kernel_trials_per_step: per(backend.kernel_trials, backend2.kernel_trials),
         dispatches_per_step: per(backend.dispatches, backend2.dispatches),
+        specialized_pipelines: backend2.specialized_pipelines,
         peak_device_bytes: pool2.peak_live_bytes,
         host_allocations_per_step: host_per(|c| c.0),
         host_bytes_per_step: host_per(|c| c.1),

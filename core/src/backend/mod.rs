@@ -216,6 +216,10 @@ pub struct BackendCounters {
     /// values (wgpu: scratch buffers its pool could not supply), outside
     /// the device's memory pool.
     pub scratch_bytes_allocated: u64,
+    /// Pipelines made for a repeated parameter set (wgpu: shape-specialised,
+    /// with the dispatch's shapes as constants; also counted in
+    /// `pipelines_compiled`).
+    pub specialized_pipelines: usize,
 }
 
 pub trait Backend {

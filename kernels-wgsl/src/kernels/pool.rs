@@ -36,8 +36,7 @@ pub(crate) fn max_pool2d(
         return Ok(());
     }
     let window = geometry(OP, window, n, x.numel(), [d[2], d[3]], [oh, ow])?;
-    // A window holding no pixel (possible with explicit asymmetric padding).
-    let params = Pool { window, empty: f32::NEG_INFINITY };
+    let params = Pool { window };
     let args = [(1, Arg::input(x)), (3, Arg::output(out))];
     be.launch(OP, Kernel::Pool, "forward", &args, words(&params), be.grid_for(OP, n)?)
 }
@@ -69,8 +68,8 @@ pub(crate) fn max_pool2d_backward(
     // First each window's first maximum (one thread per window), then the
     // gather over the windows holding each pixel: each thread loops over one
     // window's elements, never over a window per window it belongs to.
-    let params = Pool { window: geometry, empty: f32::NEG_INFINITY };
-    let per_window = Pool { window: Window { n: word(OP, windows)?, ..geometry }, ..params };
+    let params = Pool { window: geometry };
+    let per_window = Pool { window: Window { n: word(OP, windows)?, ..geometry } };
     let firsts = be.scratch(FIRSTS_DTYPE, windows)?;
     let slots = |write| Arg::Buffer { id: firsts, dtype: FIRSTS_DTYPE, len: windows, write };
     let result = (|| {

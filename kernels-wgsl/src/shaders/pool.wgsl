@@ -5,9 +5,9 @@
 // 3 out: array<f32> (read_write), 4 firsts_out: array<u32> (read_write) and
 // 5 firsts: array<u32> (read): each window's first maximum (its position in
 // the plane, NONE for a window holding no pixel), one per window.
-// Params: the window geometry (common.wgsl's Window, as window.wgsl) and
-//   `empty`, -inf (the value of a window holding no pixel; passed in because
-//   a non-finite constant is not a valid WGSL expression). The window
+// Params: the window geometry (common.wgsl's Window, as window.wgsl). A
+//   window holding no pixel gives -inf (`empty`, built at run time: a
+//   non-finite constant expression is not valid WGSL). The window
 //   arithmetic (`window_pixel`, `window_position`) is common.wgsl's, shared
 //   with window.wgsl.
 // Launch: ceil(n / WG) workgroups folded into a 2-D grid, one output element
@@ -35,7 +35,12 @@
 
 struct Pool {
     window: Window,
-    empty: f32,
+}
+
+// -inf (see Params above).
+fn empty() -> f32 {
+    let minus_infinity_bits = 0xff800000u;
+    return bitcast<f32>(minus_infinity_bits);
 }
 
 @group(0) @binding(0) var<storage, read> params: Pool;
@@ -99,7 +104,7 @@ fn forward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let base = plane_base(g, e);
     let pos = output_first_max(g, e);
     if (pos == NONE) {
-        out[e] = params.empty;
+        out[e] = empty();
     } else {
         out[e] = x[base + pos];
     }
