@@ -247,7 +247,7 @@ fn bind_group(
     status: Option<&wgpu::Buffer>,
     status_bytes: u64,
 ) -> wgpu::BindGroup {
-    let params = d.pipeline.binds_params.then(|| wgpu::BindGroupEntry {
+    let params = d.pipeline.binds_params().then(|| wgpu::BindGroupEntry {
         binding: 0,
         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer: arena,

@@ -371,7 +371,7 @@ impl WgpuBackend {
             }
         }
         let mut batch = self.batch.borrow_mut();
-        let params = if pipeline.binds_params { batch.push_params(&self.ctx, params) } else { (0, 0) };
+        let params = if pipeline.binds_params() { batch.push_params(&self.ctx, params) } else { (0, 0) };
         batch.push(Command::Dispatch(Dispatch { pipeline, op, kernel, entry, bindings, params, groups }));
         Ok(())
     }

@@ -54,11 +54,23 @@ pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
     /// Whether binding 0 takes the dispatch's parameters (false for a
-    /// shape-specialised pipeline, whose parameters are constants).
+    /// shape-specialised pipeline, whose parameters are constants; the
+    /// browser build has none, see `binds_params`).
+    #[cfg(not(target_arch = "wasm32"))]
     pub binds_params: bool,
     /// The text of a generated pipeline, for its specialisations.
     #[cfg(not(target_arch = "wasm32"))]
     pub source: Option<String>,
+}
+
+impl Pipeline {
+    /// Whether binding 0 takes the dispatch's parameters.
+    pub fn binds_params(&self) -> bool {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.binds_params;
+        #[cfg(target_arch = "wasm32")]
+        true
+    }
 }
 
 #[derive(Default)]
@@ -152,6 +164,7 @@ impl Pipelines {
         let p = Rc::new(Pipeline {
             pipeline,
             layout,
+            #[cfg(not(target_arch = "wasm32"))]
             binds_params: true,
             #[cfg(not(target_arch = "wasm32"))]
             source: None,

@@ -8,12 +8,8 @@
 
 mod common;
 
-use kiln::data::load_embedded_digits;
 use kiln::gpt::{self, Gpt, GptConfig, GptTrainConfig, TextData};
 use kiln::host_rng::SplitMix64;
-use kiln::models::cnn;
-use kiln::nn::Module;
-use kiln::optim::{Adam, Optimizer};
 use kiln::prelude::*;
 use kiln::WgpuOptions;
 
@@ -42,24 +38,9 @@ fn assert_same(on: &[f32], off: &[f32], exact: bool, what: &str) {
 /// convolution's permutes, fused element-wise groups and reductions) and
 /// its parameters afterwards.
 fn cnn_run(device: &Device) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let data = load_embedded_digits(0.2, 3).unwrap();
-    let model = cnn(device, data.train.image_dims, data.train.classes, 11).unwrap();
-    let mut optimizer = Adam::new(model.parameters(), 3e-3).unwrap();
-    let mut graph = Graph::new(device);
-    let mut losses = Vec::new();
-    for batch in data.train.batches(16, Some(5), 0).unwrap().take(6) {
-        graph.reset();
-        let x = graph.tensor_from(&batch.images, &[batch.len, data.train.features]).unwrap();
-        let y = graph.tensor_from(&batch.labels, &[batch.len]).unwrap();
-        let loss = cross_entropy(model.forward(x).unwrap(), y).unwrap();
-        optimizer.zero_grad();
-        loss.backward().unwrap();
-        optimizer.step().unwrap();
-        losses.push(loss.to_vec_blocking::<f32>().unwrap()[0]);
-    }
-    let params =
-        model.parameters().iter().map(|p| common::param_value(p).iter().map(|&v| v as f32).collect()).collect();
-    (losses, params)
+    let (losses, params) = common::digits_cnn_steps(device, 16, 6);
+    let values = params.iter().map(|p| common::param_value(p).iter().map(|&v| v as f32).collect()).collect();
+    (losses.iter().map(|&l| l as f32).collect(), values)
 }
 
 #[test]

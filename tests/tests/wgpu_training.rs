@@ -4,30 +4,11 @@
 
 mod common;
 
-use kiln::data::load_embedded_digits;
-use kiln::models::cnn;
-use kiln::nn::Module;
-use kiln::optim::{Adam, Optimizer};
 use kiln::prelude::*;
 
 /// Per-step losses of 25 Adam steps of the digits CNN.
 fn losses(device: &Device) -> Vec<f64> {
-    let data = load_embedded_digits(0.2, 3).unwrap();
-    let model = cnn(device, data.train.image_dims, data.train.classes, 11).unwrap();
-    let mut optimizer = Adam::new(model.parameters(), 3e-3).unwrap();
-    let mut graph = Graph::new(device);
-    let mut out = Vec::new();
-    for batch in data.train.batches(32, Some(5), 0).unwrap().take(25) {
-        graph.reset();
-        let x = graph.tensor_from(&batch.images, &[batch.len, data.train.features]).unwrap();
-        let y = graph.tensor_from(&batch.labels, &[batch.len]).unwrap();
-        let loss = cross_entropy(model.forward(x).unwrap(), y).unwrap();
-        optimizer.zero_grad();
-        loss.backward().unwrap();
-        optimizer.step().unwrap();
-        out.push(loss.item_blocking().unwrap());
-    }
-    out
+    common::digits_cnn_steps(device, 32, 25).0
 }
 
 #[test]
