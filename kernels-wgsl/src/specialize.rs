@@ -173,11 +173,16 @@ impl Specializer {
             .and_then(|list| list.iter_mut().find(|e| e.origin == origin && *e.words == *words));
         let Some(entry) = found else {
             if self.sightings >= MAX_SIGHTINGS {
-                // Keep what was made; forget what was only seen.
+                // Keep what was made; forget what was only seen or refused,
+                // and the templates. (A template is only ever looked up
+                // while an entry of its origin holds the generic pipeline,
+                // so a generated origin's address cannot be reused under
+                // a stale template.)
                 for list in self.entries.values_mut() {
-                    list.retain(|e| !matches!(e.state, State::Seen));
+                    list.retain(|e| matches!(e.state, State::Ready(_)));
                 }
                 self.entries.retain(|_, list| !list.is_empty());
+                self.templates.clear();
                 self.sightings = 0;
             }
             self.sightings += 1;
@@ -503,5 +508,25 @@ mod tests {
             let text = render(&t, &vec![1u32; t.words]).unwrap();
             assert!(validates(&text), "{kernel:?}: the specialised text does not validate");
         }
+    }
+
+    #[test]
+    fn a_full_memory_forgets_sightings_and_refusals() {
+        let mut s = Specializer::default();
+        let source = || Some(SOURCE.to_string());
+        let mut inf = [0u32; 10];
+        inf[7] = f32::INFINITY.to_bits();
+        s.lookup(Kernel::Pool, "forward", None, source, &inf);
+        s.lookup(Kernel::Pool, "forward", None, source, &inf);
+        assert_eq!(s.refused, 1);
+        for i in 0..MAX_SIGHTINGS as u32 {
+            s.lookup(Kernel::Pool, "backward", None, source, &[i; 10]);
+        }
+        assert!(s.entries.values().map(Vec::len).sum::<usize>() <= MAX_SIGHTINGS);
+        // Forgotten: seen once more, then refused again.
+        assert!(matches!(s.lookup(Kernel::Pool, "forward", None, source, &inf), Found::Generic));
+        assert_eq!(s.refused, 1);
+        s.lookup(Kernel::Pool, "forward", None, source, &inf);
+        assert_eq!(s.refused, 2);
     }
 }
