@@ -71,6 +71,9 @@ fn cases(device: &Device) -> Result<()> {
     case(&device, "permute [12,64,4,32] -> [12,4,64,32]", &[12, 64, 4, 32], &[1], &|v, _| {
         v.permute(&[0, 2, 1, 3])?.reshape(&[12, 64, 4, 32])
     })?;
+    case(&device, "W2 permute [32,64,676] -> [64,32,676]", &[32, 64, 676], &[1], &|v, _| {
+        v.permute(&[1, 0, 2])?.reshape(&[32, 64, 676])
+    })?;
     case(&device, "sum over the last axis + expand", &act, &[1], &|v, _| v.sum(&[2], true)?.expand(&act))?;
     case(&device, "sum over [768, 128]'s rows + expand", &[768, 128], &[1], &|v, _| {
         v.sum(&[0], true)?.expand(&[768, 128])

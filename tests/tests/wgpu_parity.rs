@@ -1064,3 +1064,64 @@ fn random_past_65535_workgroups() {
         panic!("rand_uniform element {i}: wgpu {:#x}, cpu {:#x}", got[i], want[i]);
     }
 }
+
+/// The strided kernels' index arithmetic is written out per axis (one block
+/// per axis up to MAX_DIMS = 8, see strided.wgsl's `offsets`), so every rank
+/// is checked: tensors of rank 1..=8 whose axes cannot be merged (sizes 2,
+/// 3, 4, 2, ..., neighbours differing; broadcast along alternate axes, or
+/// reversed), through a
+/// broadcast binary op, a permuted copy, reductions over alternate and last
+/// axes and a batched product, forward and backward, with fusion on (the
+/// generated kernels' own unravelling) and off.
+#[test]
+fn strided_kernels_of_every_rank() {
+    let Some(wg) = wgpu_device() else { return };
+    for fusion in [true, false] {
+        wg.set_fusion(fusion);
+        for rank in 1..=8usize {
+            let dims: Vec<usize> = (0..rank).map(|i| 2 + i % 3).collect();
+            let n: usize = dims.iter().product();
+            // a: unit along odd axes; b: unit along even axes.
+            let a_dims: Vec<usize> = dims.iter().enumerate().map(|(i, &d)| if i % 2 == 1 { 1 } else { d }).collect();
+            let b_dims: Vec<usize> = dims.iter().enumerate().map(|(i, &d)| if i % 2 == 0 { 1 } else { d }).collect();
+            let (a, b) = (rand(a_dims.iter().product(), 31, -2.0, 2.0), rand(b_dims.iter().product(), 32, -2.0, 2.0));
+            let x = rand(n, 33, -2.0, 2.0);
+            let reversed: Vec<usize> = (0..rank).rev().collect();
+            let alternate: Vec<isize> = (0..rank as isize).step_by(2).collect();
+            let what = format!("rank {rank} (fusion {fusion})");
+            forward(&wg, &format!("{what} broadcast add, permute"), ARITH, |g| {
+                let (ta, tb) = (g.tensor_from(&a, &a_dims)?, g.tensor_from(&b, &b_dims)?);
+                let t = g.tensor_from(&x, &dims)?;
+                let p = t.permute(&reversed)?;
+                Ok(vec![ta.add(tb)?, ta.mul(tb)?.sub(t)?, p, p.exp()?.add(p)?])
+            });
+            forward(&wg, &format!("{what} sums"), SUMS, |g| {
+                let p = g.tensor_from(&x, &dims)?.permute(&reversed)?;
+                Ok(vec![
+                    p.sum(&alternate, false)?,
+                    p.sum(&[rank as isize - 1], true)?,
+                    p.sum(&[0], false)?,
+                    p.mul(p)?.sum_all()?,
+                ])
+            });
+            backward(&wg, &format!("{what} gradients"), ARITH, |g| {
+                let (ta, tb) = (g.variable(&a, &a_dims)?, g.variable(&b, &b_dims)?);
+                let t = g.variable(&x, &dims)?;
+                Ok((vec![ta.mul(tb)?.add(t.permute(&reversed)?.permute(&reversed)?)?], vec![ta, tb, t]))
+            });
+            if rank >= 3 {
+                // Batch axes of rank - 2, broadcast along alternate ones.
+                let (bd, ad) = (&dims[..rank - 2], &a_dims[..rank - 2]);
+                let (l, r) = (
+                    rand(ad.iter().product::<usize>() * 6, 34, -1.0, 1.0),
+                    rand(bd.iter().product::<usize>() * 12, 35, -1.0, 1.0),
+                );
+                let (ld, rd) = ([ad, &[2, 3]].concat(), [bd, &[3, 4]].concat());
+                forward(&wg, &format!("{what} batched matmul"), SUMS, |g| {
+                    Ok(vec![g.tensor_from(&l, &ld)?.matmul(g.tensor_from(&r, &rd)?)?])
+                });
+            }
+        }
+    }
+    wg.set_fusion(true);
+}

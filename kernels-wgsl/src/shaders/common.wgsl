@@ -68,25 +68,47 @@ struct Window {
 // "No such pixel / position" (the host keeps real ones below it).
 const NONE: u32 = 0xffffffffu;
 
-// The image coordinate along axis a of kernel tap k of window position o,
-// or NONE when it falls in the padding.
-fn window_pixel(g: Window, a: u32, o: u32, k: u32) -> u32 {
-    let padded = o * g.stride[a] + k * g.dilation[a];
-    if (padded < g.pad[a] || padded - g.pad[a] >= g.image[a]) {
-        return NONE;
-    }
-    return padded - g.pad[a];
+// One axis of a `Window` (rows or columns) as plain values. The window
+// kernels index `Window`'s arrays with constants only, through `rows` and
+// `cols`, so that specialised parameters fold to constants without relying
+// on the driver to inline a function taking the axis number (see
+// strided.wgsl's `offsets`).
+struct Axis {
+    image: u32,
+    positions: u32,
+    kernel: u32,
+    stride: u32,
+    dilation: u32,
+    pad: u32,
 }
 
-// The window position along axis a whose kernel tap k lands on padded
-// coordinate `padded`, or NONE when no window position does.
-fn window_position(g: Window, a: u32, padded: u32, k: u32) -> u32 {
-    let d = k * g.dilation[a];
-    if (d > padded || (padded - d) % g.stride[a] != 0u) {
+fn rows(g: Window) -> Axis {
+    return Axis(g.image[0], g.positions[0], g.kernel[0], g.stride[0], g.dilation[0], g.pad[0]);
+}
+
+fn cols(g: Window) -> Axis {
+    return Axis(g.image[1], g.positions[1], g.kernel[1], g.stride[1], g.dilation[1], g.pad[1]);
+}
+
+// The image coordinate along axis `ax` of kernel tap k of window position
+// o, or NONE when it falls in the padding.
+fn window_pixel(ax: Axis, o: u32, k: u32) -> u32 {
+    let padded = o * ax.stride + k * ax.dilation;
+    if (padded < ax.pad || padded - ax.pad >= ax.image) {
         return NONE;
     }
-    let o = (padded - d) / g.stride[a];
-    if (o >= g.positions[a]) {
+    return padded - ax.pad;
+}
+
+// The window position along axis `ax` whose kernel tap k lands on padded
+// coordinate `padded`, or NONE when no window position does.
+fn window_position(ax: Axis, padded: u32, k: u32) -> u32 {
+    let d = k * ax.dilation;
+    if (d > padded || (padded - d) % ax.stride != 0u) {
+        return NONE;
+    }
+    let o = (padded - d) / ax.stride;
+    if (o >= ax.positions) {
         return NONE;
     }
     return o;

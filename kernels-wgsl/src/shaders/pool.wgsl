@@ -57,13 +57,15 @@ fn first_max(g: Window, base: u32, oy: u32, ox: u32) -> u32 {
     var best = NONE;
     var bv = 0.0;
     var bnan = false;
+    let ry = rows(g);
+    let rx = cols(g);
     for (var i = 0u; i < g.kernel[0]; i = i + 1u) {
-        let y = window_pixel(g, 0u, oy, i);
+        let y = window_pixel(ry, oy, i);
         if (y == NONE) {
             continue;
         }
         for (var j = 0u; j < g.kernel[1]; j = j + 1u) {
-            let c = window_pixel(g, 1u, ox, j);
+            let c = window_pixel(rx, ox, j);
             if (c == NONE) {
                 continue;
             }
@@ -141,13 +143,15 @@ fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     var acc = 0.0;
     // Kernel rows from the last to the first give window rows oy ascending
     // (oy = (py - i·dh) / sh), likewise columns: (oy, ox) in row-major order.
+    let ry = rows(g);
+    let rx = cols(g);
     for (var ii = 0u; ii < kh; ii = ii + 1u) {
-        let oy = window_position(g, 0u, py, kh - 1u - ii);
+        let oy = window_position(ry, py, kh - 1u - ii);
         if (oy == NONE) {
             continue;
         }
         for (var jj = 0u; jj < kw; jj = jj + 1u) {
-            let ox = window_position(g, 1u, px, kw - 1u - jj);
+            let ox = window_position(rx, px, kw - 1u - jj);
             if (ox == NONE) {
                 continue;
             }

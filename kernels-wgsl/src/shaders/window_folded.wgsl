@@ -52,8 +52,8 @@ fn im2col(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let kk = row % k;
     let channels = g.n / (k * columns);
     let plane = sample * channels + row / k;
-    let y = window_pixel(g, 0u, pos / ow, kk / kw);
-    let x = window_pixel(g, 1u, pos % ow, kk % kw);
+    let y = window_pixel(rows(g), pos / ow, kk / kw);
+    let x = window_pixel(cols(g), pos % ow, kk % kw);
     var v = T(0);
     if (y != NONE && x != NONE) {
         v = src[(plane * h + y) * w + x];
@@ -89,13 +89,15 @@ fn col2im(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let py = y + g.pad[0];
     let px = x + g.pad[1];
     var acc = T(0);
+    let ry = rows(g);
+    let rx = cols(g);
     for (var i = 0u; i < kh; i = i + 1u) {
-        let oy = window_position(g, 0u, py, i);
+        let oy = window_position(ry, py, i);
         if (oy == NONE) {
             continue;
         }
         for (var j = 0u; j < kw; j = j + 1u) {
-            let ox = window_position(g, 1u, px, j);
+            let ox = window_position(rx, px, j);
             if (ox == NONE) {
                 continue;
             }
