@@ -1065,18 +1065,22 @@ fn random_past_65535_workgroups() {
     }
 }
 
-/// The strided kernels' index arithmetic is written out per axis (one block
-/// per axis up to MAX_DIMS = 8, see strided.wgsl's `offsets`), so every rank
-/// is checked: tensors of rank 1..=8 whose axes cannot be merged (sizes 2,
-/// 3, 4, 2, ..., neighbours differing; broadcast along alternate axes, or
-/// reversed), through a
-/// broadcast binary op, a permuted copy, reductions over alternate and last
-/// axes and a batched product, forward and backward, with fusion on (the
-/// generated kernels' own unravelling) and off.
+/// The strided kernels unravel indices with a loop over the rank, which a
+/// specialised pipeline writes out as one block per axis up to MAX_DIMS = 8
+/// (specialize.rs, `unroll_rank_loops`), so every rank is checked, generic
+/// and specialised (every case runs twice; the second run's repeated
+/// parameters get specialised pipelines): tensors of rank 1..=8 whose axes
+/// cannot be merged (sizes 2, 3, 4, 2, ..., neighbours differing; broadcast
+/// along alternate axes, or reversed), through a broadcast binary op, a
+/// permuted copy, reductions over alternate, first and last axes and a
+/// batched product, forward and backward, with fusion on (the generated
+/// kernels' own unravelling) and off.
 #[test]
 fn strided_kernels_of_every_rank() {
     let Some(wg) = wgpu_device() else { return };
-    for fusion in [true, false] {
+    let specialized = || wg.backend().counters().specialized_pipelines;
+    let before = specialized();
+    for (fusion, run) in [(true, 0), (true, 1), (false, 0), (false, 1)] {
         wg.set_fusion(fusion);
         for rank in 1..=8usize {
             let dims: Vec<usize> = (0..rank).map(|i| 2 + i % 3).collect();
@@ -1088,7 +1092,7 @@ fn strided_kernels_of_every_rank() {
             let x = rand(n, 33, -2.0, 2.0);
             let reversed: Vec<usize> = (0..rank).rev().collect();
             let alternate: Vec<isize> = (0..rank as isize).step_by(2).collect();
-            let what = format!("rank {rank} (fusion {fusion})");
+            let what = format!("rank {rank} (fusion {fusion}, run {run})");
             forward(&wg, &format!("{what} broadcast add, permute"), ARITH, |g| {
                 let (ta, tb) = (g.tensor_from(&a, &a_dims)?, g.tensor_from(&b, &b_dims)?);
                 let t = g.tensor_from(&x, &dims)?;
@@ -1124,4 +1128,9 @@ fn strided_kernels_of_every_rank() {
         }
     }
     wg.set_fusion(true);
+    // Unless turned off (KILN_WGPU_SPECIALIZE=0), the second runs were
+    // specialised.
+    if std::env::var("KILN_WGPU_SPECIALIZE").as_deref() != Ok("0") {
+        assert!(specialized() > before + 20, "few specialised pipelines: {}", specialized() - before);
+    }
 }

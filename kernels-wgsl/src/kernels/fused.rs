@@ -485,21 +485,15 @@ impl<'c, 'a> Gen<'c, 'a> {
         for j in 0..self.broadcast {
             let _ = writeln!(f, "    var o{j} = 0u;");
         }
-        // One block per axis with constant indices, not a loop over
-        // `params.{p}rank`: specialised, the blocks fold to constants (see
-        // strided.wgsl's `offsets`).
-        let _ = writeln!(f, "    var rem = i;\n    let rank = params.{p}rank;");
-        for d in (0..shaders::MAX_DIMS).rev() {
-            let _ = write!(
-                f,
-                "    if (rank > {d}u) {{\n        let m = params.{p}dims[{d}];\n        let q = rem / m;\n        \
-                 let k = rem - q * m;\n        rem = q;\n"
-            );
-            for j in 0..self.broadcast {
-                let _ = writeln!(f, "        o{j} += k * params.{p}strides[{j}][{d}];");
-            }
-            f.push_str("    }\n");
+        let _ = write!(
+            f,
+            "    var rem = i;\n    for (var d = params.{p}rank; d > 0u; d = d - 1u) {{\n        \
+             let m = params.{p}dims[d - 1u];\n        let k = rem % m;\n        rem = rem / m;\n"
+        );
+        for j in 0..self.broadcast {
+            let _ = writeln!(f, "        o{j} += k * params.{p}strides[{j}][d - 1u];");
         }
+        f.push_str("    }\n");
         f
     }
 

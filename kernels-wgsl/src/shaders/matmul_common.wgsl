@@ -42,64 +42,12 @@ fn job_of(z: u32) -> Job {
     var rem = batch;
     var oa = 0u;
     var ob = 0u;
-    // The batch axes written out with constant indices (see strided.wgsl's
-    // `offsets`).
-    let rank = params.batch_rank;
-    if (rank > 7u) {
-        let size = params.batch_dims[7];
-        let q = rem / size;
-        oa += (rem - q * size) * params.a_batch[7];
-        ob += (rem - q * size) * params.b_batch[7];
-        rem = q;
-    }
-    if (rank > 6u) {
-        let size = params.batch_dims[6];
-        let q = rem / size;
-        oa += (rem - q * size) * params.a_batch[6];
-        ob += (rem - q * size) * params.b_batch[6];
-        rem = q;
-    }
-    if (rank > 5u) {
-        let size = params.batch_dims[5];
-        let q = rem / size;
-        oa += (rem - q * size) * params.a_batch[5];
-        ob += (rem - q * size) * params.b_batch[5];
-        rem = q;
-    }
-    if (rank > 4u) {
-        let size = params.batch_dims[4];
-        let q = rem / size;
-        oa += (rem - q * size) * params.a_batch[4];
-        ob += (rem - q * size) * params.b_batch[4];
-        rem = q;
-    }
-    if (rank > 3u) {
-        let size = params.batch_dims[3];
-        let q = rem / size;
-        oa += (rem - q * size) * params.a_batch[3];
-        ob += (rem - q * size) * params.b_batch[3];
-        rem = q;
-    }
-    if (rank > 2u) {
-        let size = params.batch_dims[2];
-        let q = rem / size;
-        oa += (rem - q * size) * params.a_batch[2];
-        ob += (rem - q * size) * params.b_batch[2];
-        rem = q;
-    }
-    if (rank > 1u) {
-        let size = params.batch_dims[1];
-        let q = rem / size;
-        oa += (rem - q * size) * params.a_batch[1];
-        ob += (rem - q * size) * params.b_batch[1];
-        rem = q;
-    }
-    if (rank > 0u) {
-        let size = params.batch_dims[0];
-        let q = rem / size;
-        oa += (rem - q * size) * params.a_batch[0];
-        ob += (rem - q * size) * params.b_batch[0];
-        rem = q;
+    for (var d = params.batch_rank; d > 0u; d = d - 1u) {
+        let size = params.batch_dims[d - 1u];
+        let j = rem % size;
+        rem = rem / size;
+        oa += j * params.a_batch[d - 1u];
+        ob += j * params.b_batch[d - 1u];
     }
     let out_at = slot * params.chunk_stride + batch * params.m * params.n;
     return Job(oa, ob, out_at, k_begin, min(k_begin + params.chunk, params.k));

@@ -122,59 +122,14 @@ fn combine(a: Acc, b: Acc) -> Acc {
 // The input offset of row-major index o over the kept axes, and of j over
 // the reduced ones. Both read the bound parameters in place: an `Axes`
 // passed by value is copied into every invocation at every call, which on
-// lavapipe cost more than the reduction itself. The loops over the axes are
-// written out with constant indices (see strided.wgsl's `offsets`).
+// lavapipe cost more than the reduction itself.
 fn kept_offset(o: u32) -> u32 {
     var rem = o;
     var off = 0u;
-    let rank = params.kept.rank;
-    if (rank > 7u) {
-        let n = params.kept.dims[7];
-        let q = rem / n;
-        off += (rem - q * n) * params.kept.strides[7];
-        rem = q;
-    }
-    if (rank > 6u) {
-        let n = params.kept.dims[6];
-        let q = rem / n;
-        off += (rem - q * n) * params.kept.strides[6];
-        rem = q;
-    }
-    if (rank > 5u) {
-        let n = params.kept.dims[5];
-        let q = rem / n;
-        off += (rem - q * n) * params.kept.strides[5];
-        rem = q;
-    }
-    if (rank > 4u) {
-        let n = params.kept.dims[4];
-        let q = rem / n;
-        off += (rem - q * n) * params.kept.strides[4];
-        rem = q;
-    }
-    if (rank > 3u) {
-        let n = params.kept.dims[3];
-        let q = rem / n;
-        off += (rem - q * n) * params.kept.strides[3];
-        rem = q;
-    }
-    if (rank > 2u) {
-        let n = params.kept.dims[2];
-        let q = rem / n;
-        off += (rem - q * n) * params.kept.strides[2];
-        rem = q;
-    }
-    if (rank > 1u) {
-        let n = params.kept.dims[1];
-        let q = rem / n;
-        off += (rem - q * n) * params.kept.strides[1];
-        rem = q;
-    }
-    if (rank > 0u) {
-        let n = params.kept.dims[0];
-        let q = rem / n;
-        off += (rem - q * n) * params.kept.strides[0];
-        rem = q;
+    for (var d = params.kept.rank; d > 0u; d = d - 1u) {
+        let n = params.kept.dims[d - 1u];
+        off += (rem % n) * params.kept.strides[d - 1u];
+        rem = rem / n;
     }
     return off;
 }
@@ -182,54 +137,10 @@ fn kept_offset(o: u32) -> u32 {
 fn reduced_offset(j: u32) -> u32 {
     var rem = j;
     var off = 0u;
-    let rank = params.reduced.rank;
-    if (rank > 7u) {
-        let n = params.reduced.dims[7];
-        let q = rem / n;
-        off += (rem - q * n) * params.reduced.strides[7];
-        rem = q;
-    }
-    if (rank > 6u) {
-        let n = params.reduced.dims[6];
-        let q = rem / n;
-        off += (rem - q * n) * params.reduced.strides[6];
-        rem = q;
-    }
-    if (rank > 5u) {
-        let n = params.reduced.dims[5];
-        let q = rem / n;
-        off += (rem - q * n) * params.reduced.strides[5];
-        rem = q;
-    }
-    if (rank > 4u) {
-        let n = params.reduced.dims[4];
-        let q = rem / n;
-        off += (rem - q * n) * params.reduced.strides[4];
-        rem = q;
-    }
-    if (rank > 3u) {
-        let n = params.reduced.dims[3];
-        let q = rem / n;
-        off += (rem - q * n) * params.reduced.strides[3];
-        rem = q;
-    }
-    if (rank > 2u) {
-        let n = params.reduced.dims[2];
-        let q = rem / n;
-        off += (rem - q * n) * params.reduced.strides[2];
-        rem = q;
-    }
-    if (rank > 1u) {
-        let n = params.reduced.dims[1];
-        let q = rem / n;
-        off += (rem - q * n) * params.reduced.strides[1];
-        rem = q;
-    }
-    if (rank > 0u) {
-        let n = params.reduced.dims[0];
-        let q = rem / n;
-        off += (rem - q * n) * params.reduced.strides[0];
-        rem = q;
+    for (var d = params.reduced.rank; d > 0u; d = d - 1u) {
+        let n = params.reduced.dims[d - 1u];
+        off += (rem % n) * params.reduced.strides[d - 1u];
+        rem = rem / n;
     }
     return off;
 }

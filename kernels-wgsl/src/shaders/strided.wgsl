@@ -28,75 +28,18 @@ struct Strided {
 @group(0) @binding(0) var<storage, read> params: Strided;
 
 // Unravels the row-major index i over the dims once and returns the offsets
-// of the four operands. The loop over the axes is written out, one block
-// per axis with constant indices: once a dispatch's parameters are compiled
-// in as constants (specialize.rs), every block folds to constant arithmetic,
-// while a loop over `params.rank` indexing `params.dims[d]` stays a loop
-// with dynamic indexing in a software adapter's compiler. Measured natively
-// with specialised parameters: a permute over [32, 64, 676] took 27 ns per
-// element with the loop and 7 with the blocks on SwiftShader; a permute
-// over [12, 64, 4, 32], 12 -> 3-5 ns on lavapipe. Unspecialised, both forms
-// run alike.
+// of the four operands.
 fn offsets(i: u32) -> vec4<u32> {
     var rem = i;
     var off = vec4<u32>(params.operands[0].base, params.operands[1].base, params.operands[2].base,
                         params.operands[3].base);
-    let rank = params.rank;
-    if (rank > 7u) {
-        let n = params.dims[7];
-        let q = rem / n;
-        off += (rem - q * n) * vec4<u32>(params.operands[0].strides[7], params.operands[1].strides[7],
-                                         params.operands[2].strides[7], params.operands[3].strides[7]);
-        rem = q;
-    }
-    if (rank > 6u) {
-        let n = params.dims[6];
-        let q = rem / n;
-        off += (rem - q * n) * vec4<u32>(params.operands[0].strides[6], params.operands[1].strides[6],
-                                         params.operands[2].strides[6], params.operands[3].strides[6]);
-        rem = q;
-    }
-    if (rank > 5u) {
-        let n = params.dims[5];
-        let q = rem / n;
-        off += (rem - q * n) * vec4<u32>(params.operands[0].strides[5], params.operands[1].strides[5],
-                                         params.operands[2].strides[5], params.operands[3].strides[5]);
-        rem = q;
-    }
-    if (rank > 4u) {
-        let n = params.dims[4];
-        let q = rem / n;
-        off += (rem - q * n) * vec4<u32>(params.operands[0].strides[4], params.operands[1].strides[4],
-                                         params.operands[2].strides[4], params.operands[3].strides[4]);
-        rem = q;
-    }
-    if (rank > 3u) {
-        let n = params.dims[3];
-        let q = rem / n;
-        off += (rem - q * n) * vec4<u32>(params.operands[0].strides[3], params.operands[1].strides[3],
-                                         params.operands[2].strides[3], params.operands[3].strides[3]);
-        rem = q;
-    }
-    if (rank > 2u) {
-        let n = params.dims[2];
-        let q = rem / n;
-        off += (rem - q * n) * vec4<u32>(params.operands[0].strides[2], params.operands[1].strides[2],
-                                         params.operands[2].strides[2], params.operands[3].strides[2]);
-        rem = q;
-    }
-    if (rank > 1u) {
-        let n = params.dims[1];
-        let q = rem / n;
-        off += (rem - q * n) * vec4<u32>(params.operands[0].strides[1], params.operands[1].strides[1],
-                                         params.operands[2].strides[1], params.operands[3].strides[1]);
-        rem = q;
-    }
-    if (rank > 0u) {
-        let n = params.dims[0];
-        let q = rem / n;
-        off += (rem - q * n) * vec4<u32>(params.operands[0].strides[0], params.operands[1].strides[0],
-                                         params.operands[2].strides[0], params.operands[3].strides[0]);
-        rem = q;
+    for (var d = params.rank; d > 0u; d = d - 1u) {
+        let n = params.dims[d - 1u];
+        let k = rem % n;
+        rem = rem / n;
+        let s = vec4<u32>(params.operands[0].strides[d - 1u], params.operands[1].strides[d - 1u],
+                          params.operands[2].strides[d - 1u], params.operands[3].strides[d - 1u]);
+        off += k * s;
     }
     return off;
 }
