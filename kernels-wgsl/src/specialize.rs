@@ -23,8 +23,8 @@
 //! written out per axis (`unroll_rank_loops`), so that they fold too; the
 //! rest of the text is unchanged, so the kernel computes exactly what it
 //! computes from the buffer (integers are exact, floats are printed so that
-//! they read back to the same bits). The
-//! specialised text is validated by naga before a pipeline is made; any
+//! they read back to the same bits). The specialised text is validated by
+//! naga before a pipeline is made; any
 //! refusal (a non-finite float, which WGSL cannot spell as a constant, a
 //! runtime-sized array, a validation error) keeps the generic pipeline.
 //!
