@@ -293,7 +293,7 @@ impl WgpuBackend {
         params: &[u32],
     ) -> Result<Rc<pipelines::Pipeline>> {
         use specialize::{Found, Specializer};
-        if !self.specialize || !Specializer::eligible(kernel) {
+        if !self.specialize || !Specializer::eligible(kernel, entry) {
             return Ok(pipeline);
         }
         let mut pipelines = self.pipelines.borrow_mut();

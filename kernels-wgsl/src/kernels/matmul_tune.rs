@@ -218,6 +218,20 @@ impl Tuner {
             }
             [only] => *only,
             _ if !self.measure => rule(m, n, p.k as usize, &candidates, self.hardware),
+            // On a software adapter, a product the rule gives to the skinny
+            // kernel for its short K (at most 16) keeps it: once its shapes
+            // repeat it runs specialised (specialize.rs), its K loop a short
+            // constant one, which a trial of the generic pipelines cannot
+            // show. Measured on lavapipe, W2's conv1 forward (32 x 676 x 9
+            // in 64 batches): generic skinny 50 ms, tile64 37 ms (the
+            // trial's pick), specialised skinny 20 ms.
+            _ if be.specialize
+                && !self.hardware
+                && p.k <= 16
+                && rule(m, n, p.k as usize, &candidates, self.hardware) == MatMulKernel::Skinny =>
+            {
+                MatMulKernel::Skinny
+            }
             _ => self.fastest(be, p, batches, &candidates)?,
         };
         #[cfg(not(target_arch = "wasm32"))]
