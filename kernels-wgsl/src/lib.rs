@@ -254,6 +254,15 @@ impl WgpuBackend {
         &self.ctx
     }
 
+    /// Whether repeated parameter sets get shape-specialised pipelines
+    /// (specialize.rs; the browser build has none).
+    pub(crate) fn specializes(&self) -> bool {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.specialize;
+        #[cfg(target_arch = "wasm32")]
+        false
+    }
+
     /// Workgroups for a one-dimensional launch over `n` items, WG per group.
     pub(crate) fn grid_for(&self, op: &'static str, n: usize) -> Result<[u32; 3]> {
         self.ctx.grid(op, (n as u64).div_ceil(u64::from(shaders::WG)))

@@ -225,7 +225,7 @@ impl Tuner {
             // show. Measured on lavapipe, W2's conv1 forward (32 x 676 x 9
             // in 64 batches): generic skinny 50 ms, tile64 37 ms (the
             // trial's pick), specialised skinny 20 ms.
-            _ if be.specialize
+            _ if be.specializes()
                 && !self.hardware
                 && p.k <= 16
                 && rule(m, n, p.k as usize, &candidates, self.hardware) == MatMulKernel::Skinny =>
