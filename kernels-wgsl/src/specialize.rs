@@ -298,9 +298,9 @@ fn unroll_rank_loops(source: &str) -> String {
             simple.then(|| {
                 let mut blocks = String::new();
                 for axis in (0..crate::shaders::MAX_DIMS).rev() {
-                    let _ = write!(
+                    let _ = writeln!(
                         blocks,
-                        "if ({rank} > {axis}u) {{{}}}\n",
+                        "if ({rank} > {axis}u) {{{}}}",
                         replace_word_expr(body, "d - 1u", &format!("{axis}u"))
                     );
                 }
