@@ -6,7 +6,7 @@ mod common;
 
 use kiln::data::load_embedded_digits;
 use kiln::nn::{Conv2d, ConvOptions, Flatten, MaxPool2d, Module, Unflatten};
-use kiln::optim::{Adam, Optimizer};
+use kiln::optim::Adam;
 use kiln::prelude::*;
 
 fn cnn(device: &Device, seed: u64) -> Sequential {
@@ -47,14 +47,7 @@ fn a_small_cnn_learns_the_embedded_digits() {
     let before = accuracy(&model, &device, &test.images, &test.labels);
     for epoch in 0..6 {
         for batch in train.batches(64, Some(seed), epoch).unwrap() {
-            graph.reset();
-            let x = graph.tensor_from(&batch.images, &[batch.len, train.features]).unwrap();
-            let y = graph.tensor_from(&batch.labels, &[batch.len]).unwrap();
-            let loss = cross_entropy(model.forward(x).unwrap(), y).unwrap();
-            optimizer.zero_grad();
-            loss.backward().unwrap();
-            optimizer.step().unwrap();
-            losses.push(loss.item_blocking().unwrap());
+            losses.push(common::classifier_step(&mut graph, &model, &mut optimizer, &batch, train.features));
         }
     }
     let after = accuracy(&model, &device, &test.images, &test.labels);

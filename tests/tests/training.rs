@@ -80,14 +80,7 @@ fn train_digits(seed: u64, epochs: u64) -> (f64, Vec<f64>) {
     let mut losses = Vec::new();
     for epoch in 0..epochs {
         for batch in train.batches(64, Some(seed), epoch).unwrap() {
-            graph.reset();
-            let x = graph.tensor_from(&batch.images, &[batch.len, train.features]).unwrap();
-            let y = graph.tensor_from(&batch.labels, &[batch.len]).unwrap();
-            let loss = cross_entropy(model.forward(x).unwrap(), y).unwrap();
-            optimizer.zero_grad();
-            loss.backward().unwrap();
-            optimizer.step().unwrap();
-            losses.push(loss.item_blocking().unwrap());
+            losses.push(common::classifier_step(&mut graph, &model, &mut optimizer, &batch, train.features));
         }
     }
     (accuracy(&model, &device, &test.images, &test.labels, test.features), losses)

@@ -110,22 +110,31 @@ pub fn bits(t: &Tensor<'_>) -> Vec<u32> {
 /// (seed 11) at `batch`, and the model's parameters afterwards.
 pub fn digits_cnn_steps(device: &Device, batch: usize, steps: usize) -> (Vec<f64>, Vec<Param>) {
     use kiln::nn::Module;
-    use kiln::optim::Optimizer;
-    use kiln::prelude::cross_entropy;
     let data = kiln::data::load_embedded_digits(0.2, 3).unwrap();
     let model = kiln::models::cnn(device, data.train.image_dims, data.train.classes, 11).unwrap();
     let mut optimizer = kiln::optim::Adam::new(model.parameters(), 3e-3).unwrap();
     let mut graph = kiln::Graph::new(device);
-    let mut losses = Vec::new();
-    for b in data.train.batches(batch, Some(5), 0).unwrap().take(steps) {
-        graph.reset();
-        let x = graph.tensor_from(&b.images, &[b.len, data.train.features]).unwrap();
-        let y = graph.tensor_from(&b.labels, &[b.len]).unwrap();
-        let loss = cross_entropy(model.forward(x).unwrap(), y).unwrap();
-        optimizer.zero_grad();
-        loss.backward().unwrap();
-        optimizer.step().unwrap();
-        losses.push(loss.item_blocking().unwrap());
-    }
+    let losses = data.train.batches(batch, Some(5), 0).unwrap().take(steps);
+    let losses = losses.map(|b| classifier_step(&mut graph, &model, &mut optimizer, &b, data.train.features)).collect();
     (losses, model.parameters())
+}
+
+/// One training step of a classifier on `batch` (`features` values per
+/// image): cross-entropy, backward, optimizer step, in a reset `graph`;
+/// returns the loss.
+pub fn classifier_step(
+    graph: &mut kiln::Graph,
+    model: &impl kiln::nn::Module,
+    optimizer: &mut impl kiln::optim::Optimizer,
+    batch: &kiln::data::Batch,
+    features: usize,
+) -> f64 {
+    graph.reset();
+    let x = graph.tensor_from(&batch.images, &[batch.len, features]).unwrap();
+    let y = graph.tensor_from(&batch.labels, &[batch.len]).unwrap();
+    let loss = kiln::prelude::cross_entropy(model.forward(x).unwrap(), y).unwrap();
+    optimizer.zero_grad();
+    loss.backward().unwrap();
+    optimizer.step().unwrap();
+    loss.item_blocking().unwrap()
 }
