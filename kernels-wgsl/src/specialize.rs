@@ -342,29 +342,31 @@ fn is_ident_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
 }
 
-/// Whether `word` occurs in `text` as a whole identifier.
-fn has_word(text: &str, word: &str) -> bool {
-    text.match_indices(word).any(|(i, _)| {
-        let before = text.as_bytes()[..i].last().is_none_or(|&b| !is_ident_byte(b));
-        let after = text.as_bytes().get(i + word.len()).is_none_or(|&b| !is_ident_byte(b));
-        before && after
+/// The places where `expr` occurs in `text` not inside a longer identifier
+/// (`padded - 1u` is not `d - 1u`).
+fn whole_matches<'t>(text: &'t str, expr: &'t str) -> impl Iterator<Item = usize> + 't {
+    let bytes = text.as_bytes();
+    text.match_indices(expr).map(|(i, _)| i).filter(move |&i| {
+        bytes[..i].last().is_none_or(|&b| !is_ident_byte(b))
+            && bytes.get(i + expr.len()).is_none_or(|&b| !is_ident_byte(b))
     })
 }
 
-/// `text` with each occurrence of `expr` not inside a longer identifier
-/// (`padded - 1u` is not `d - 1u`) replaced by `with`.
+/// Whether `word` occurs in `text` as a whole identifier.
+fn has_word(text: &str, word: &str) -> bool {
+    whole_matches(text, word).next().is_some()
+}
+
+/// `text` with each whole occurrence of `expr` replaced by `with`.
 fn replace_word_expr(text: &str, expr: &str, with: &str) -> String {
-    let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len());
     let mut last = 0;
-    for (i, _) in text.match_indices(expr) {
-        let before = bytes[..i].last().is_none_or(|&b| !is_ident_byte(b));
-        let after = bytes.get(i + expr.len()).is_none_or(|&b| !is_ident_byte(b));
-        if before && after && i >= last {
-            out.push_str(&text[last..i]);
-            out.push_str(with);
-            last = i + expr.len();
-        }
+    // The matches do not overlap (`match_indices`), so each starts at or
+    // after the end of the one before.
+    for i in whole_matches(text, expr) {
+        out.push_str(&text[last..i]);
+        out.push_str(with);
+        last = i + expr.len();
     }
     out.push_str(&text[last..]);
     out
