@@ -915,6 +915,10 @@ fn pools() -> Vec<Pool> {
         ([3, 3], [2, 1], [1, 0], [1, 2], false),
         ([2, 3], [1, 2], [1, 1], [2, 1], true),
         ([3, 3], [3, 3], [1, 1], [1, 1], true),
+        // Gaps between windows (stride > kernel: some pixels in no window),
+        // and non-overlapping rows with overlapping columns.
+        ([2, 2], [3, 3], [0, 1], [1, 1], false),
+        ([2, 3], [3, 1], [1, 0], [1, 1], true),
     ]
 }
 
