@@ -114,8 +114,9 @@ pub fn digits_cnn_steps(device: &Device, batch: usize, steps: usize) -> (Vec<f64
     let model = kiln::models::cnn(device, data.train.image_dims, data.train.classes, 11).unwrap();
     let mut optimizer = kiln::optim::Adam::new(model.parameters(), 3e-3).unwrap();
     let mut graph = kiln::Graph::new(device);
-    let losses = data.train.batches(batch, Some(5), 0).unwrap().take(steps);
-    let losses = losses.map(|b| classifier_step(&mut graph, &model, &mut optimizer, &b, data.train.features)).collect();
+    let batches = data.train.batches(batch, Some(5), 0).unwrap().take(steps);
+    let losses =
+        batches.map(|b| classifier_step(&mut graph, &model, &mut optimizer, &b, data.train.features)).collect();
     (losses, model.parameters())
 }
 
