@@ -136,8 +136,8 @@ pub struct Update {
     pub beta2: f32,
     pub one_minus_beta1: f32,
     pub one_minus_beta2: f32,
-    pub bias1: f32,
-    pub bias2: f32,
+    pub step_size: f32,
+    pub rsqrt_bias2: f32,
     pub eps: f32,
     pub decay_factor: f32,
 }
@@ -260,8 +260,8 @@ mod tests {
                 beta2,
                 one_minus_beta1,
                 one_minus_beta2,
-                bias1,
-                bias2,
+                step_size,
+                rsqrt_bias2,
                 eps,
                 decay_factor
             }),

@@ -871,15 +871,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       for (let s = 1; s <= steps; s++) {
         pw1 *= b1;
         pw2 *= b2;
-        const [bc1, bc2, fb1, fb2, nb1, nb2] = [1 - pw1, 1 - pw2, b1, b2, 1 - b1, 1 - b2].map(f);
-        const [flr, feps, fwd, decay] = [lr, eps, wd, 1 - lr * wd].map(f);
+        // lr / (1 - b1^t) and 1 / sqrt(1 - b2^t): kiln's step constants.
+        const [stepSize, rsqrtBc2, fb1, fb2, nb1, nb2] = [lr / (1 - pw1), 1 / Math.sqrt(1 - pw2), b1, b2, 1 - b1, 1 - b2].map(f);
+        const [feps, fwd, decay] = [eps, wd, 1 - lr * wd].map(f);
         for (let i = 0; i < n; i++) {
           let gi = c[i], pi = want[i];
           if (decoupled) pi = f(pi * decay); else gi = f(gi + f(fwd * pi));
           mo[i] = f(f(fb1 * mo[i]) + f(nb1 * gi));
           ve[i] = f(f(fb2 * ve[i]) + f(f(nb2 * gi) * gi));
-          const mhat = f(mo[i] / bc1), vhat = f(ve[i] / bc2);
-          want[i] = f(pi - f(f(flr * mhat) / f(f(Math.sqrt(vhat)) + feps)));
+          const denom = f(f(f(Math.sqrt(ve[i])) * rsqrtBc2) + feps);
+          want[i] = f(pi - f(stepSize * f(mo[i] / denom)));
         }
       }
       for (let i = 0; i < n; i++) {

@@ -57,6 +57,18 @@ pub enum ParamUpdate {
     Adam { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, decoupled_weight_decay: bool, step: u64 },
 }
 
+/// Adam's per-step constants, in f64 (each rounded once to the element
+/// type by the backend): the step size lr / (1 − β1ᵗ) and 1 / √(1 − β2ᵗ). The update is
+/// then p − step_size · m / (√v · rsqrt_bc2 + ε), PyTorch's
+/// `p.addcdiv_(m, √v / √(1 − β2ᵗ) + ε, value=−step_size)` with the division
+/// by √(1 − β2ᵗ) taken as a product: one division and one square root per
+/// element. (It was lr · (m / bc1) / (√(v / bc2) + ε), three divisions: the
+/// divider bounded Adam's loop, 0.40 → 0.27–0.34 ms of a W1 step.) Every
+/// backend and the browser build use this form.
+pub fn adam_step_constants(lr: f64, beta1: f64, beta2: f64, steps: i32) -> (f64, f64) {
+    (lr / (1.0 - beta1.powi(steps)), 1.0 / (1.0 - beta2.powi(steps)).sqrt())
+}
+
 /// One parameter's update in a multi-tensor `Backend::update_params` call.
 #[derive(Clone, Copy, Debug)]
 pub struct ParamUpdateCall<'a> {

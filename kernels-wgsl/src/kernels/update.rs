@@ -101,6 +101,8 @@ fn prepare(upd: &ParamUpdate, n: u32) -> Result<(Entry, Update)> {
                 return Err(Error::invalid(OP, "Adam's step counts from 1"));
             }
             let steps = i32::try_from(step).unwrap_or(i32::MAX);
+            // The CPU's form of the update (see `adam_step_constants`).
+            let (step_size, rsqrt_bias2) = kiln_core::backend::adam_step_constants(lr, beta1, beta2, steps);
             let params = Update {
                 n,
                 flags: u32::from(decoupled_weight_decay),
@@ -110,8 +112,8 @@ fn prepare(upd: &ParamUpdate, n: u32) -> Result<(Entry, Update)> {
                 beta2: f(beta2),
                 one_minus_beta1: f(1.0 - beta1),
                 one_minus_beta2: f(1.0 - beta2),
-                bias1: f(1.0 - beta1.powi(steps)),
-                bias2: f(1.0 - beta2.powi(steps)),
+                step_size: f(step_size),
+                rsqrt_bias2: f(rsqrt_bias2),
                 eps: f(eps),
                 decay_factor: f(1.0 - lr * weight_decay),
                 ..Update::default()
@@ -244,7 +246,7 @@ fn generate(calls: &[ParamUpdateCall<'_>], prepared: &[(Entry, Update)]) -> Stri
     src.push_str(
         "\nstruct Step {\n n: u32,\n flags: u32,\n lr: f32,\n weight_decay: f32,\n momentum: f32,\n \
          one_minus_dampening: f32,\n beta1: f32,\n beta2: f32,\n one_minus_beta1: f32,\n one_minus_beta2: f32,\n \
-         bias1: f32,\n bias2: f32,\n eps: f32,\n decay_factor: f32,\n first_group: u32,\n}\n",
+         step_size: f32,\n rsqrt_bias2: f32,\n eps: f32,\n decay_factor: f32,\n first_group: u32,\n}\n",
     );
     let _ = writeln!(src, "@group(0) @binding(0) var<storage, read> params: array<Step, {}>;", calls.len());
     let mut binding = 1;
@@ -301,7 +303,7 @@ fn generate(calls: &[ParamUpdateCall<'_>], prepared: &[(Entry, Update)]) -> Stri
                     "  var w = {cur}[i];\n  if ((params[{t}].flags & 1u) != 0u) {{\n   w = w * params[{t}].decay_factor;\n  }} else {{\n   \
                      g = g + params[{t}].weight_decay * w;\n  }}\n  let m = params[{t}].beta1 * m{t}[i] + params[{t}].one_minus_beta1 * g;\n  \
                      let v = params[{t}].beta2 * v{t}[i] + params[{t}].one_minus_beta2 * g * g;\n  m{t}[i] = m;\n  v{t}[i] = v;\n  \
-                     let mhat = m / params[{t}].bias1;\n  let vhat = v / params[{t}].bias2;\n  p{t}[i] = w - params[{t}].lr * mhat / (sqrt(vhat) + params[{t}].eps);"
+                     p{t}[i] = w - params[{t}].step_size * (m / (sqrt(v) * params[{t}].rsqrt_bias2 + params[{t}].eps));"
                 );
             }
         }

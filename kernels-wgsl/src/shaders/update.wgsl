@@ -17,7 +17,8 @@
 // - `sgd_momentum` (1, 2, 3): as `sgd`, plus momentum, one_minus_dampening,
 //   flags bit 1: Nesterov.
 // - `adam` (1..4): n, lr, beta1, beta2, one_minus_beta1, one_minus_beta2,
-//   bias1 = 1 - beta1^t, bias2 = 1 - beta2^t, eps, weight_decay,
+//   step_size = lr / (1 - beta1^t), rsqrt_bias2 = 1 / sqrt(1 - beta2^t),
+//   eps, weight_decay,
 //   decay_factor = 1 - lr * weight decay, flags (bit 0: decoupled weight
 //   decay, AdamW).
 
@@ -32,8 +33,8 @@ struct Update {
     beta2: f32,
     one_minus_beta1: f32,
     one_minus_beta2: f32,
-    bias1: f32,
-    bias2: f32,
+    step_size: f32,
+    rsqrt_bias2: f32,
     eps: f32,
     decay_factor: f32,
 }
@@ -100,7 +101,5 @@ fn adam(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let v = params.beta2 * state1[i] + params.one_minus_beta2 * g * g;
     state0[i] = m;
     state1[i] = v;
-    let mhat = m / params.bias1;
-    let vhat = v / params.bias2;
-    param[i] = w - params.lr * mhat / (sqrt(vhat) + params.eps);
+    param[i] = w - params.step_size * (m / (sqrt(v) * params.rsqrt_bias2 + params.eps));
 }

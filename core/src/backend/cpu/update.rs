@@ -126,11 +126,12 @@ fn plan<'a>(job: Job<'a>, tasks: &mut Tasks<'a>) -> Result<()> {
                 st.truncate(2);
                 let steps = i32::try_from(step).unwrap_or(i32::MAX);
                 let c = |v: f64| T::from_f64(v);
-                let (bc1, bc2) = (c(1.0 - beta1.powi(steps)), c(1.0 - beta2.powi(steps)));
+                let (step_size, rsqrt_bc2) = crate::backend::adam_step_constants(lr, beta1, beta2, steps);
+                let (step_size, rsqrt_bc2) = (c(step_size), c(rsqrt_bc2));
                 let (b1, b2, nb1, nb2) = (c(beta1), c(beta2), c(1.0 - beta1), c(1.0 - beta2));
-                let (lr_t, eps, wd) = (c(lr), c(eps), c(weight_decay));
+                let (eps, wd) = (c(eps), c(weight_decay));
                 let decay = c(1.0 - lr * weight_decay);
-                let k = AdamConsts { b1, b2, nb1, nb2, bc1, bc2, lr: lr_t, eps, wd, decay };
+                let k = AdamConsts { b1, b2, nb1, nb2, step_size, rsqrt_bc2, eps, wd, decay };
                 chunked(p, src, g, st, tasks, move |p, src, g, s| {
                     let (ms, vs) = s.split_at_mut(1);
                     let (m, v) = (&mut ms[0][..], &mut vs[0][..]);
@@ -271,9 +272,10 @@ struct AdamConsts<T> {
     b2: T,
     nb1: T,
     nb2: T,
-    bc1: T,
-    bc2: T,
-    lr: T,
+    /// lr / (1 − β1ᵗ).
+    step_size: T,
+    /// 1 / √(1 − β2ᵗ).
+    rsqrt_bc2: T,
     eps: T,
     wd: T,
     decay: T,
@@ -298,15 +300,13 @@ fn adam_chunk<T: UpdateFloat>(
 ) {
     let n = p.len().min(g.len()).min(m.len()).min(v.len()).min(src.map_or(usize::MAX, <[T]>::len));
     let (p, g, m, v, src) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n], src.map(|s| &s[..n]));
-    let AdamConsts { b1, b2, nb1, nb2, bc1, bc2, lr, eps, wd, decay } = k;
+    let AdamConsts { b1, b2, nb1, nb2, step_size, rsqrt_bc2, eps, wd, decay } = k;
     // `p` is the weight after any decoupled decay, `g` the gradient after
-    // any L2 term.
+    // any L2 term. See `backend::adam_step_constants` for the update's form.
     let step = |m: &mut T, v: &mut T, p: T, g: T| {
         *m = b1 * *m + nb1 * g;
         *v = b2 * *v + nb2 * g * g;
-        let mhat = *m / bc1;
-        let vhat = *v / bc2;
-        p - lr * mhat / (vhat.sqrt() + eps)
+        p - step_size * (*m / (v.sqrt() * rsqrt_bc2 + eps))
     };
     if decoupled {
         map_param(p, src, |i, p| step(&mut m[i], &mut v[i], p * decay, g[i]));
@@ -335,9 +335,9 @@ mod simd {
     ) {
         let n = p.len().min(g.len()).min(m.len()).min(v.len());
         let body = n - n % 4;
-        let AdamConsts { b1, b2, nb1, nb2, bc1, bc2, lr, eps, wd, decay } = k;
-        let [b1, b2, nb1, nb2, bc1, bc2, lr, eps, wd, decay] =
-            [b1, b2, nb1, nb2, bc1, bc2, lr, eps, wd, decay].map(|x| f32x4_splat(x));
+        let AdamConsts { b1, b2, nb1, nb2, step_size, rsqrt_bc2, eps, wd, decay } = k;
+        let [b1, b2, nb1, nb2, step_size, rsqrt_bc2, eps, wd, decay] =
+            [b1, b2, nb1, nb2, step_size, rsqrt_bc2, eps, wd, decay].map(|x| f32x4_splat(x));
         let (pp, gp, mp, vp) = (p.as_mut_ptr(), g.as_ptr(), m.as_mut_ptr(), v.as_mut_ptr());
         for i in (0..body).step_by(4) {
             // SAFETY: i + 4 <= body <= n, and each of the four slices holds
@@ -355,8 +355,8 @@ mod simd {
                 }
                 let mv = f32x4_add(f32x4_mul(b1, v128_load(mi)), f32x4_mul(nb1, gv));
                 let vv = f32x4_add(f32x4_mul(b2, v128_load(vi)), f32x4_mul(f32x4_mul(nb2, gv), gv));
-                let (mhat, vhat) = (f32x4_div(mv, bc1), f32x4_div(vv, bc2));
-                let stepv = f32x4_div(f32x4_mul(lr, mhat), f32x4_add(f32x4_sqrt(vhat), eps));
+                let denom = f32x4_add(f32x4_mul(f32x4_sqrt(vv), rsqrt_bc2), eps);
+                let stepv = f32x4_mul(step_size, f32x4_div(mv, denom));
                 v128_store(mi, mv);
                 v128_store(vi, vv);
                 v128_store(pi, f32x4_sub(pv, stepv));
@@ -532,9 +532,8 @@ mod tests {
             b2: 0.999,
             nb1: 0.1,
             nb2: 0.001,
-            bc1: 0.3,
-            bc2: 0.02,
-            lr: 1e-3,
+            step_size: 3e-3,
+            rsqrt_bc2: 7.0,
             eps: 1e-8,
             wd: 0.01,
             decay: 0.99999,
@@ -680,7 +679,9 @@ mod tests {
             be.update_param(&adam, p, g, &[m, v], DType::F32, n).unwrap();
             let (gp, gm, gv) = (read(p), read(m), read(v));
             let c = |x: f64| x as f32;
-            let (bc1, bc2) = (c(1.0 - b1.powi(step as i32)), c(1.0 - b2.powi(step as i32)));
+            // lr / (1 − β1ᵗ) and 1 / √(1 − β2ᵗ), in f64, rounded once.
+            let bc1 = 1.0 - b1.powi(step as i32);
+            let (step_size, rsqrt_bc2) = (c(lr / bc1), c(1.0 / (1.0 - b2.powi(step as i32)).sqrt()));
             for i in 0..n {
                 let (mut pp, mut mm, mut vv) = (p0[i], m0[i], v0[i]);
                 let gg = if decoupled {
@@ -691,7 +692,7 @@ mod tests {
                 };
                 mm = c(b1) * mm + c(1.0 - b1) * gg;
                 vv = c(b2) * vv + c(1.0 - b2) * gg * gg;
-                pp -= c(lr) * (mm / bc1) / ((vv / bc2).sqrt() + c(eps));
+                pp -= step_size * (mm / (vv.sqrt() * rsqrt_bc2 + c(eps)));
                 let want = [pp.to_bits(), mm.to_bits(), vv.to_bits()];
                 assert_eq!([gp[i].to_bits(), gm[i].to_bits(), gv[i].to_bits()], want, "element {i}");
             }
