@@ -240,6 +240,17 @@ impl<T> Shared<T> {
 /// The blocks are the same whatever the parallelism, so the bits are too.
 fn gemm_blocks<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], width: usize, par: Parallelism) {
     if width >= b.cols {
+        if aliasing_columns::<T>(b) {
+            // As in `gemm_blocks_then`: gemm reads a row-major copy (the
+            // GPT's x·Wᵀ with W [128, 512], one block of 128 columns:
+            // 0.65 -> 0.51 ms for 768x512x128 on 2 threads).
+            let copy = columns_row_major(b, rhs, 0, b.cols);
+            let bc = Mat { rows: b.rows, cols: b.cols, rs: b.cols, cs: 1 };
+            // SAFETY: see `gemm_block`: copy spans bc.span() = k·n, the one
+            // block is the whole product.
+            unsafe { gemm_block(a, &bc, lhs.as_ptr(), copy.as_ptr(), dst.as_mut_ptr(), b.cols, 0, b.cols, par) };
+            return;
+        }
         // SAFETY: see `gemm_block`; the one block is the whole product.
         unsafe { gemm_block(a, b, lhs.as_ptr(), rhs.as_ptr(), dst.as_mut_ptr(), b.cols, 0, b.cols, par) };
         return;
@@ -540,6 +551,26 @@ mod tests {
             check(ta, tb, &a2, &[2, 2, b2[0], b2[1]]); // shared a
             let (a3, b3) = (sa(20, 20), sb(20, 20));
             check(ta, tb, &[40, a3[0], a3[1]], &[40, b3[0], b3[1]]); // parallel over batches
+        }
+    }
+
+    /// x·Wᵀ with W's rows a multiple of 1 KiB long (`aliasing_columns`):
+    /// gemm reads a row-major copy of the columns, in one block (n < 256)
+    /// and in column blocks. Right values (f64 against the naive product)
+    /// and, in f32, the bits of the same product from Wᵀ stored row-major.
+    #[test]
+    fn transposed_weights_with_aliasing_rows() {
+        for (m, k, n) in [(96, 256, 128), (64, 512, 512)] {
+            check(false, true, &[m, k], &[n, k]);
+            let x = rand_f32(m * k, 5);
+            let w = rand_f32(n * k, 6);
+            let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+            let nt = Op::MatMul { transpose_a: false, transpose_b: true };
+            let nn = Op::MatMul { transpose_a: false, transpose_b: false };
+            let got = run_op(nt, &[(f32s(&x), &[m, k]), (f32s(&w), &[n, k])], &[m, n], DType::F32).unwrap();
+            let want = run_op(nn, &[(f32s(&x), &[m, k]), (f32s(&wt), &[k, n])], &[m, n], DType::F32).unwrap();
+            let bits = |v: Vec<f64>| v.into_iter().map(|x| (x as f32).to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got.to_f64_vec()), bits(want.to_f64_vec()), "{m}x{k}x{n}");
         }
     }
 
