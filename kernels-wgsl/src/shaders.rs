@@ -136,6 +136,8 @@ pub enum Kernel {
     MatMulVec4 {
         ta: bool,
         tb: bool,
+        /// 16 output rows per thread instead of 8 (native only).
+        tall: bool,
     },
     /// matmul_vec4.wgsl's bindings with the staged, double-buffered
     /// 128 x 128 tile entry point (kernels/matmul_staged.rs; native only).
@@ -271,8 +273,8 @@ impl Kernel {
             ),
             Kernel::Reduce(op, t) => reduce(op, t)?,
             Kernel::MatMul => format!("{MATMUL_COMMON}\n{MATMUL}"),
-            Kernel::MatMulVec4 { ta, tb } => {
-                format!("{MATMUL_COMMON}\n{MATMUL_VEC4}\n{}", crate::kernels::matmul_vec4::entry(ta, tb))
+            Kernel::MatMulVec4 { ta, tb, tall } => {
+                format!("{MATMUL_COMMON}\n{MATMUL_VEC4}\n{}", crate::kernels::matmul_vec4::entry(ta, tb, tall))
             }
             #[cfg(not(target_arch = "wasm32"))]
             Kernel::MatMulStaged { ta, tb } => {
@@ -536,7 +538,8 @@ pub fn all_kernels() -> Vec<Kernel> {
     v.push(Kernel::Norm);
     #[cfg(not(target_arch = "wasm32"))]
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-        v.push(Kernel::MatMulVec4 { ta, tb });
+        v.push(Kernel::MatMulVec4 { ta, tb, tall: false });
+        v.push(Kernel::MatMulVec4 { ta, tb, tall: true });
         v.push(Kernel::MatMulStaged { ta, tb });
     }
     for t in Ty::ALL {
@@ -762,12 +765,12 @@ mod tests {
         // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
         // copy, update (scalar and vec4); window and folded window x 2
         // types (f32, i32);
-        // pool, random, rowwise, norm; the vec4 and staged matmuls' 4
-        // operand layouts each.
+        // pool, random, rowwise, norm; the vec4 (8 and 16 rows a thread)
+        // and staged matmuls' 4 operand layouts each.
         let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
         let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
             + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 5 + 2 + 2 + 4 + 4 + 4, "{kernels:?}");
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 5 + 2 + 2 + 4 + 4 + 4 + 4, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);

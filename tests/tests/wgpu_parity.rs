@@ -425,7 +425,8 @@ fn every_matmul_kernel_matches_the_cpu_and_the_others() {
         (&[3, 5, 1100], &[7, 1100], false, true),
         (&[4, 17, 20], &[17, 30], true, false),
         // Aligned operands (the vec4 kernels' products) in all four layouts,
-        // over the edges of their 32 x 128 tile, batched with broadcast,
+        // over the edges of their 32 x 128 tile (64 x 128 for the tall
+        // variant: 36 rows fill part of one), batched with broadcast,
         // folded, and with a chunked K.
         (&[36, 20], &[20, 132], false, false),
         (&[20, 36], &[20, 132], true, false),

@@ -43,6 +43,10 @@ pub enum MatMulKernel {
     /// 8 x 16 outputs per thread read straight from aligned vec4 operands
     /// (matmul_vec4.wgsl, for products it `takes`).
     Vec4,
+    /// `Vec4` with 16 x 16 outputs per thread (native only; a candidate the
+    /// tuner times for products of at least 256 rows).
+    #[cfg(not(target_arch = "wasm32"))]
+    Vec4Tall,
     /// 128 x 128 tiles staged through double-buffered workgroup memory,
     /// read as aligned vec4s (matmul_staged.rs; native only, for the
     /// products `Vec4` takes; a candidate on hardware adapters).
@@ -55,8 +59,14 @@ impl MatMulKernel {
     pub const ALL: [MatMulKernel; 4] =
         [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4];
     #[cfg(not(target_arch = "wasm32"))]
-    pub const ALL: [MatMulKernel; 5] =
-        [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4, MatMulKernel::Staged];
+    pub const ALL: [MatMulKernel; 6] = [
+        MatMulKernel::Tile128,
+        MatMulKernel::Tile64,
+        MatMulKernel::Skinny,
+        MatMulKernel::Vec4,
+        MatMulKernel::Vec4Tall,
+        MatMulKernel::Staged,
+    ];
 
     pub fn entry(self) -> &'static str {
         match self {
@@ -65,7 +75,7 @@ impl MatMulKernel {
             MatMulKernel::Skinny => "skinny",
             MatMulKernel::Vec4 => "main",
             #[cfg(not(target_arch = "wasm32"))]
-            MatMulKernel::Staged => "main",
+            MatMulKernel::Vec4Tall | MatMulKernel::Staged => "main",
         }
     }
 
@@ -80,7 +90,12 @@ impl MatMulKernel {
         match self {
             MatMulKernel::Vec4 => {
                 let (ta, tb) = matmul_vec4::layout(p);
-                Kernel::MatMulVec4 { ta, tb }
+                Kernel::MatMulVec4 { ta, tb, tall: false }
+            }
+            #[cfg(not(target_arch = "wasm32"))]
+            MatMulKernel::Vec4Tall => {
+                let (ta, tb) = matmul_vec4::layout(p);
+                Kernel::MatMulVec4 { ta, tb, tall: true }
             }
             #[cfg(not(target_arch = "wasm32"))]
             MatMulKernel::Staged => {
@@ -97,7 +112,7 @@ impl MatMulKernel {
         match self {
             MatMulKernel::Vec4 => matmul_vec4::fits(p),
             #[cfg(not(target_arch = "wasm32"))]
-            MatMulKernel::Staged => matmul_vec4::fits(p),
+            MatMulKernel::Vec4Tall | MatMulKernel::Staged => matmul_vec4::fits(p),
             _ => true,
         }
     }
@@ -111,6 +126,8 @@ impl MatMulKernel {
             MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
             MatMulKernel::Skinny => ((m * n).div_ceil(WG as usize), 1),
             MatMulKernel::Vec4 => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TILE_M)),
+            #[cfg(not(target_arch = "wasm32"))]
+            MatMulKernel::Vec4Tall => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TALL_TILE_M)),
         }
     }
 
@@ -294,7 +311,8 @@ fn vec4_takes(p: &MatMul) -> bool {
 /// The kernels worth trying for an m x n product: the skinny kernel only
 /// when M or N is small, the 128 tile only when it would not be mostly
 /// padding, the vec4 kernel when it takes the product (`vec4`), and then
-/// natively on a hardware adapter the staged kernel when the 128 tile is a
+/// natively its tall variant from 256 rows (its 64-row tile mostly full)
+/// and, on a hardware adapter, the staged kernel when the 128 tile is a
 /// candidate.
 fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKernel> {
     let mut v = Vec::new();
@@ -307,6 +325,10 @@ fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKerne
     }
     if vec4 {
         v.push(MatMulKernel::Vec4);
+        #[cfg(not(target_arch = "wasm32"))]
+        if m >= 256 {
+            v.push(MatMulKernel::Vec4Tall);
+        }
         #[cfg(not(target_arch = "wasm32"))]
         if hardware && m.max(n) > 64 {
             v.push(MatMulKernel::Staged);

@@ -12,6 +12,14 @@ use crate::params::MatMul;
 
 /// Output rows per thread.
 const ROWS: usize = 8;
+/// Output rows per thread of the tall variant (`MatMulKernel::Vec4Tall`):
+/// 64 accumulators, a 64 x 128 tile per workgroup, half the loads of B per
+/// multiply-add. Measured on lavapipe (2 threads): 1024³ in 90-93 ms
+/// against 108-109 ms with 8 rows, while W2's products ran 5-10 % slower
+/// with it, so it is a candidate the tuner times, not the rule's pick (and
+/// not in the browser build, which has no tuner).
+#[cfg(not(target_arch = "wasm32"))]
+const TALL_ROWS: usize = 16;
 /// Output vec4 columns per thread (16 columns).
 const COLS4: usize = 4;
 /// Threads per workgroup along the columns and along the rows.
@@ -19,7 +27,19 @@ const WG_X: usize = 8;
 const WG_Y: usize = 4;
 /// The output tile of one workgroup.
 pub(crate) const TILE_M: usize = ROWS * WG_Y;
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) const TALL_TILE_M: usize = TALL_ROWS * WG_Y;
 pub(crate) const TILE_N: usize = COLS4 * 4 * WG_X;
+
+/// Output rows per thread of the variant (`tall` or not).
+fn rows(tall: bool) -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    if tall {
+        return TALL_ROWS;
+    }
+    let _ = tall;
+    ROWS
+}
 
 /// Whether every vec4 the kernel reads for `p` is whole and aligned: A read
 /// along its rows (a_col = 1) with K and the row stride multiples of 4, or
@@ -40,12 +60,14 @@ pub(crate) fn layout(p: &MatMul) -> (bool, bool) {
 }
 
 /// The entry point `main` for A (`ta`: read transposed, contiguous along
-/// M) and B (`tb`: transposed, contiguous along K). Per 4 k a thread loads
-/// its 8 rows of A (8 vec4s along k, or 2 per k along the rows) and its 16
-/// columns of B (4 vec4s per k along the columns, or 16 along k), then adds
-/// the products for each k in increasing order.
-pub(crate) fn entry(ta: bool, tb: bool) -> String {
+/// M) and B (`tb`: transposed, contiguous along K), with 8 output rows per
+/// thread (16 when `tall`). Per 4 k a thread loads its 8 rows of A (8 vec4s
+/// along k, or 2 per k along the rows) and its 16 columns of B (4 vec4s per
+/// k along the columns, or 16 along k), then adds the products for each k
+/// in increasing order.
+pub(crate) fn entry(ta: bool, tb: bool, tall: bool) -> String {
     const C: [&str; 4] = ["x", "y", "z", "w"];
+    let row_count = rows(tall);
     let mut s = String::new();
     let mut line = |text: String| {
         s.push_str(&text);
@@ -54,11 +76,11 @@ pub(crate) fn entry(ta: bool, tb: bool) -> String {
     line(format!("@compute @workgroup_size({WG_X}, {WG_Y})"));
     line("fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {".into());
     line("    let job = job_of(wid.z);".into());
-    line(format!("    let row0 = (wid.y * {WG_Y}u + lid.y) * {ROWS}u;"));
+    line(format!("    let row0 = (wid.y * {WG_Y}u + lid.y) * {row_count}u;"));
     // A thread's vec4 columns are WG_X vec4s apart, so that neighbouring
     // threads (SIMD lanes) read neighbouring vec4s of B.
     line(format!("    let col0 = wid.x * {TILE_N}u + lid.x * 4u;"));
-    for i in 0..ROWS {
+    for i in 0..row_count {
         for j in 0..COLS4 {
             line(format!("    var c{i}_{j} = vec4<f32>(0.0);"));
         }
@@ -66,11 +88,11 @@ pub(crate) fn entry(ta: bool, tb: bool) -> String {
     // Word offsets of the first k of each row of A and column of B,
     // clamped to the last row or column (read, not stored).
     if ta {
-        for g in 0..ROWS / 4 {
+        for g in 0..row_count / 4 {
             line(format!("    let pa{g} = job.oa + min(row0 + {}u, params.m - 4u);", 4 * g));
         }
     } else {
-        for i in 0..ROWS {
+        for i in 0..row_count {
             line(format!("    let pa{i} = job.oa + min(row0 + {i}u, params.m - 1u) * params.a_row;"));
         }
     }
@@ -86,7 +108,7 @@ pub(crate) fn entry(ta: bool, tb: bool) -> String {
     }
     line("    for (var k0 = job.k_begin; k0 < job.k_end; k0 = k0 + 4u) {".into());
     if !ta {
-        for i in 0..ROWS {
+        for i in 0..row_count {
             line(format!("        let a{i} = a[(pa{i} + k0) / 4u];"));
         }
     }
@@ -101,12 +123,12 @@ pub(crate) fn entry(ta: bool, tb: bool) -> String {
         line("        {".into());
         let a_of: Vec<String> = if ta {
             line(format!("            let ka = (k0 + {kq}u) * params.a_col;"));
-            for g in 0..ROWS / 4 {
+            for g in 0..row_count / 4 {
                 line(format!("            let ag{g} = a[(pa{g} + ka) / 4u];"));
             }
-            (0..ROWS).map(|i| format!("ag{}.{}", i / 4, C[i % 4])).collect()
+            (0..row_count).map(|i| format!("ag{}.{}", i / 4, C[i % 4])).collect()
         } else {
-            (0..ROWS).map(|i| format!("a{i}.{c}")).collect()
+            (0..row_count).map(|i| format!("a{i}.{c}")).collect()
         };
         if tb {
             for j in 0..COLS4 {
@@ -126,7 +148,7 @@ pub(crate) fn entry(ta: bool, tb: bool) -> String {
         line("        }".into());
     }
     line("    }".into());
-    for i in 0..ROWS {
+    for i in 0..row_count {
         for j in 0..COLS4 {
             line(format!("    store4(job, row0 + {i}u, col0 + {}u, c{i}_{j});", 4 * WG_X * j));
         }

@@ -378,6 +378,7 @@ mod tests {
             for tb in [false, true] {
                 let p = MatMul { a_col: if ta { 4 } else { 1 }, b_col: if tb { 4 } else { 1 }, ..MatMul::default() };
                 modules.push((MatMulKernel::Vec4.shader(&p), "main"));
+                modules.push((MatMulKernel::Vec4Tall.shader(&p), "main"));
                 modules.push((MatMulKernel::Staged.shader(&p), "main"));
             }
         }
