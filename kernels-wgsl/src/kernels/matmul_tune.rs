@@ -43,9 +43,9 @@ pub enum MatMulKernel {
     /// 8 x 16 outputs per thread read straight from aligned vec4 operands
     /// (matmul_vec4.wgsl, for products it `takes`).
     Vec4,
-    /// `Vec4` with 16 x 16 outputs per thread (native only; a candidate the
-    /// tuner times for products of at least 256 rows).
-    #[cfg(not(target_arch = "wasm32"))]
+    /// `Vec4` with 16 x 16 outputs per thread, for products of at least
+    /// 256 rows: natively a candidate the tuner times, in the browser the
+    /// rule's pick on software adapters.
     Vec4Tall,
     /// 128 x 128 tiles staged through double-buffered workgroup memory,
     /// read as aligned vec4s (matmul_staged.rs; native only, for the
@@ -56,8 +56,8 @@ pub enum MatMulKernel {
 
 impl MatMulKernel {
     #[cfg(target_arch = "wasm32")]
-    pub const ALL: [MatMulKernel; 4] =
-        [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4];
+    pub const ALL: [MatMulKernel; 5] =
+        [MatMulKernel::Tile128, MatMulKernel::Tile64, MatMulKernel::Skinny, MatMulKernel::Vec4, MatMulKernel::Vec4Tall];
     #[cfg(not(target_arch = "wasm32"))]
     pub const ALL: [MatMulKernel; 6] = [
         MatMulKernel::Tile128,
@@ -73,9 +73,9 @@ impl MatMulKernel {
             MatMulKernel::Tile128 => "tile128",
             MatMulKernel::Tile64 => "tile64",
             MatMulKernel::Skinny => "skinny",
-            MatMulKernel::Vec4 => "main",
+            MatMulKernel::Vec4 | MatMulKernel::Vec4Tall => "main",
             #[cfg(not(target_arch = "wasm32"))]
-            MatMulKernel::Vec4Tall | MatMulKernel::Staged => "main",
+            MatMulKernel::Staged => "main",
         }
     }
 
@@ -92,7 +92,6 @@ impl MatMulKernel {
                 let (ta, tb) = matmul_vec4::layout(p);
                 Kernel::MatMulVec4 { ta, tb, tall: false }
             }
-            #[cfg(not(target_arch = "wasm32"))]
             MatMulKernel::Vec4Tall => {
                 let (ta, tb) = matmul_vec4::layout(p);
                 Kernel::MatMulVec4 { ta, tb, tall: true }
@@ -110,9 +109,9 @@ impl MatMulKernel {
     /// vec4 kernels need aligned operands; the others take any).
     fn takes(self, p: &MatMul) -> bool {
         match self {
-            MatMulKernel::Vec4 => matmul_vec4::fits(p),
+            MatMulKernel::Vec4 | MatMulKernel::Vec4Tall => matmul_vec4::fits(p),
             #[cfg(not(target_arch = "wasm32"))]
-            MatMulKernel::Vec4Tall | MatMulKernel::Staged => matmul_vec4::fits(p),
+            MatMulKernel::Staged => matmul_vec4::fits(p),
             _ => true,
         }
     }
@@ -126,7 +125,6 @@ impl MatMulKernel {
             MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
             MatMulKernel::Skinny => ((m * n).div_ceil(WG as usize), 1),
             MatMulKernel::Vec4 => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TILE_M)),
-            #[cfg(not(target_arch = "wasm32"))]
             MatMulKernel::Vec4Tall => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TALL_TILE_M)),
         }
     }
@@ -311,8 +309,8 @@ fn vec4_takes(p: &MatMul) -> bool {
 /// The kernels worth trying for an m x n product: the skinny kernel only
 /// when M or N is small, the 128 tile only when it would not be mostly
 /// padding, the vec4 kernel when it takes the product (`vec4`), and then
-/// natively its tall variant from 256 rows (its 64-row tile mostly full)
-/// and, on a hardware adapter, the staged kernel when the 128 tile is a
+/// its tall variant from 256 rows (its 64-row tile mostly full) and,
+/// natively on a hardware adapter, the staged kernel when the 128 tile is a
 /// candidate.
 fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKernel> {
     let mut v = Vec::new();
@@ -325,7 +323,6 @@ fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKerne
     }
     if vec4 {
         v.push(MatMulKernel::Vec4);
-        #[cfg(not(target_arch = "wasm32"))]
         if m >= 256 {
             v.push(MatMulKernel::Vec4Tall);
         }
@@ -355,6 +352,15 @@ fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel], hardware: boo
     #[cfg(not(target_arch = "wasm32"))]
     if !skinny && hardware && m.min(n) >= 96 && candidates.contains(&MatMulKernel::Staged) {
         return MatMulKernel::Staged;
+    }
+    // In the browser (no tuner) on a software adapter, the tall vec4
+    // kernel from 256 rows: measured on Chromium's SwiftShader (natively,
+    // unspecialised, forced on every product it takes) 1024³ 0.70-0.82 s
+    // against 0.90-1.11 s, W1 and W2 no slower. Natively the tuner decides
+    // (on lavapipe it is 16 % faster on 1024³ but slower on W2's products).
+    #[cfg(target_arch = "wasm32")]
+    if !skinny && !hardware && candidates.contains(&MatMulKernel::Vec4Tall) {
+        return MatMulKernel::Vec4Tall;
     }
     // The vec4 kernel where it takes the product (measured on lavapipe:
     // 1.5-2.3x the 128 tile at 128 x 784 x 512 and 1024^3, in all four
