@@ -309,7 +309,7 @@ fn vec4_takes(p: &MatMul) -> bool {
 /// The kernels worth trying for an m x n product: the skinny kernel only
 /// when M or N is small, the 128 tile only when it would not be mostly
 /// padding, the vec4 kernel when it takes the product (`vec4`), and then
-/// its tall variant from 256 rows (its 64-row tile mostly full) and,
+/// its tall variant (natively from 256 rows, its 64-row tile mostly full) and,
 /// natively on a hardware adapter, the staged kernel when the 128 tile is a
 /// candidate.
 fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKernel> {
@@ -323,7 +323,9 @@ fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKerne
     }
     if vec4 {
         v.push(MatMulKernel::Vec4);
-        if m >= 256 {
+        // Natively a trial decides, worth it from 256 rows; in the browser
+        // the rule takes it for any product on a software adapter.
+        if m >= 256 || cfg!(target_arch = "wasm32") {
             v.push(MatMulKernel::Vec4Tall);
         }
         #[cfg(not(target_arch = "wasm32"))]
@@ -354,10 +356,11 @@ fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel], hardware: boo
         return MatMulKernel::Staged;
     }
     // In the browser (no tuner) on a software adapter, the tall vec4
-    // kernel from 256 rows: measured on Chromium's SwiftShader (natively,
-    // unspecialised, forced on every product it takes) 1024³ 0.70-0.82 s
-    // against 0.90-1.11 s, W1 and W2 no slower. Natively the tuner decides
-    // (on lavapipe it is 16 % faster on 1024³ but slower on W2's products).
+    // kernel: measured on Chromium's SwiftShader (natively, unspecialised,
+    // unfused, forced on every product it takes; three interleaved pairs)
+    // 1024³ 0.70-0.82 s against 0.90-1.11 s, W1 121-133 ms against
+    // 137-145 ms, W2 within 3 %. Natively the tuner decides (on lavapipe it
+    // is 16 % faster on 1024³ but slower on W2's products).
     #[cfg(target_arch = "wasm32")]
     if !skinny && !hardware && candidates.contains(&MatMulKernel::Vec4Tall) {
         return MatMulKernel::Vec4Tall;
