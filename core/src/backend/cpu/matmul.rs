@@ -240,19 +240,8 @@ impl<T> Shared<T> {
 /// The blocks are the same whatever the parallelism, so the bits are too.
 fn gemm_blocks<T: Float>(a: &Mat, b: &Mat, lhs: &[T], rhs: &[T], dst: &mut [T], width: usize, par: Parallelism) {
     if width >= b.cols {
-        if aliasing_columns::<T>(b) {
-            // As in `gemm_blocks_then`: gemm reads a row-major copy (the
-            // GPT's x·Wᵀ with W [128, 512], one block of 128 columns:
-            // 0.65 -> 0.51 ms for 768x512x128 on 2 threads).
-            let copy = columns_row_major(b, rhs, 0, b.cols);
-            let bc = Mat { rows: b.rows, cols: b.cols, rs: b.cols, cs: 1 };
-            // SAFETY: see `gemm_block`: copy spans bc.span() = k·n, the one
-            // block is the whole product.
-            unsafe { gemm_block(a, &bc, lhs.as_ptr(), copy.as_ptr(), dst.as_mut_ptr(), b.cols, 0, b.cols, par) };
-            return;
-        }
-        // SAFETY: see `gemm_block`; the one block is the whole product.
-        unsafe { gemm_block(a, b, lhs.as_ptr(), rhs.as_ptr(), dst.as_mut_ptr(), b.cols, 0, b.cols, par) };
+        // SAFETY: see `gemm_columns`; the one block is the whole product.
+        unsafe { gemm_columns(a, b, lhs.as_ptr(), rhs, dst.as_mut_ptr(), b.cols, 0, b.cols, par) };
         return;
     }
     gemm_blocks_then(a, b, lhs, rhs, dst, width, par, &|_| {});
@@ -303,22 +292,12 @@ fn gemm_blocks_then<T: Float>(
 ) {
     let (m, n) = (a.rows, b.cols);
     assert!(dst.len() == m * n && width > 0, "gemm_blocks: {} outputs for {m} x {n}", dst.len());
-    let (l, r, d) = (Shared(lhs.as_ptr() as *mut T), Shared(rhs.as_ptr() as *mut T), Shared(dst.as_mut_ptr()));
+    let (l, d) = (Shared(lhs.as_ptr() as *mut T), Shared(dst.as_mut_ptr()));
     let block = move |j0: usize| {
         let cols = width.min(n - j0);
-        if aliasing_columns::<T>(b) {
-            // The block's columns of b as a row-major copy (same values, so
-            // the same packed panels and bits).
-            let copy = columns_row_major(b, rhs, j0, cols);
-            let bc = Mat { rows: b.rows, cols, rs: cols, cs: 1 };
-            // SAFETY: see `gemm_block`: copy spans bc.span() = k·cols; the
-            // destination is columns j0..j0 + cols of dst as below.
-            unsafe { gemm_block(a, &bc, l.ptr(), copy.as_ptr(), d.ptr().add(j0), n, 0, cols, Parallelism::None) };
-        } else {
-            // SAFETY: see `gemm_block`: columns j0..j0 + cols of b and dst,
-            // j0 + cols <= n; blocks of different j0 write disjoint columns.
-            unsafe { gemm_block(a, b, l.ptr(), r.ptr(), d.ptr(), n, j0, cols, Parallelism::None) };
-        }
+        // SAFETY: see `gemm_columns`: columns j0..j0 + cols of b and dst,
+        // j0 + cols <= n; blocks of different j0 write disjoint columns.
+        unsafe { gemm_columns(a, b, l.ptr(), rhs, d.ptr(), n, j0, cols, Parallelism::None) };
         then(Block { ptr: d, n, rows: m, j0, cols, _product: std::marker::PhantomData });
     };
     #[cfg(feature = "rayon")]
@@ -422,6 +401,37 @@ fn columns_row_major<T: Float>(b: &Mat, rhs: &[T], j0: usize, cols: usize) -> Ve
         }
     }
     out
+}
+
+/// `gemm_block`, reading a row-major copy of b's columns when they alias
+/// (`aliasing_columns`: same values, so the same packed panels and bits).
+/// Used by every column block and by a product of one block (the GPT's
+/// x·Wᵀ with W [128, 512]: 0.65 -> 0.51 ms for 768x512x128 on 2 threads).
+///
+/// # Safety
+/// As `gemm_block`, with rhs spanning b.span() elements.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_columns<T: Float>(
+    a: &Mat,
+    b: &Mat,
+    lhs: *const T,
+    rhs: &[T],
+    dst: *mut T,
+    n: usize,
+    j0: usize,
+    cols: usize,
+    par: Parallelism,
+) {
+    if aliasing_columns::<T>(b) {
+        let copy = columns_row_major(b, rhs, j0, cols);
+        let bc = Mat { rows: b.rows, cols, rs: cols, cs: 1 };
+        // SAFETY: copy spans bc.span() = k·cols; the destination is columns
+        // j0..j0 + cols of dst, as the caller guarantees.
+        unsafe { gemm_block(a, &bc, lhs, copy.as_ptr(), dst.add(j0), n, 0, cols, par) };
+    } else {
+        // SAFETY: the caller's guarantees are `gemm_block`'s.
+        unsafe { gemm_block(a, b, lhs, rhs.as_ptr(), dst, n, j0, cols, par) };
+    }
 }
 
 /// Columns j0..j0 + cols of dst (row stride `n`) = a x (those columns of b).
