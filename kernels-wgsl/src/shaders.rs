@@ -136,7 +136,7 @@ pub enum Kernel {
     MatMulVec4 {
         ta: bool,
         tb: bool,
-        /// 16 output rows per thread instead of 8 (native only).
+        /// 16 output rows per thread instead of 8 (`MatMulKernel::Vec4Tall`).
         tall: bool,
     },
     /// matmul_vec4.wgsl's bindings with the staged, double-buffered

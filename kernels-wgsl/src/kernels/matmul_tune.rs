@@ -43,9 +43,9 @@ pub enum MatMulKernel {
     /// 8 x 16 outputs per thread read straight from aligned vec4 operands
     /// (matmul_vec4.wgsl, for products it `takes`).
     Vec4,
-    /// `Vec4` with 16 x 16 outputs per thread, for products of at least
-    /// 256 rows: natively a candidate the tuner times, in the browser the
-    /// rule's pick on software adapters.
+    /// `Vec4` with 16 x 16 outputs per thread: natively a candidate the
+    /// tuner times for products of at least 256 rows, in the browser the
+    /// rule's pick on software adapters for any product `Vec4` takes.
     Vec4Tall,
     /// 128 x 128 tiles staged through double-buffered workgroup memory,
     /// read as aligned vec4s (matmul_staged.rs; native only, for the

@@ -60,10 +60,10 @@ pub(crate) fn layout(p: &MatMul) -> (bool, bool) {
 
 /// The entry point `main` for A (`ta`: read transposed, contiguous along
 /// M) and B (`tb`: transposed, contiguous along K), with 8 output rows per
-/// thread (16 when `tall`). Per 4 k a thread loads its 8 rows of A (8 vec4s
-/// along k, or 2 per k along the rows) and its 16 columns of B (4 vec4s per
-/// k along the columns, or 16 along k), then adds the products for each k
-/// in increasing order.
+/// thread (16 when `tall`). Per 4 k a thread loads its rows of A (one vec4
+/// per row along k, or one per 4 rows per k along the rows) and its 16
+/// columns of B (4 vec4s per k along the columns, or 16 along k), then adds
+/// the products for each k in increasing order.
 pub(crate) fn entry(ta: bool, tb: bool, tall: bool) -> String {
     const C: [&str; 4] = ["x", "y", "z", "w"];
     let row_count = rows(tall);

@@ -12,6 +12,8 @@
 // lavapipe this runs 1.5-2.3x faster than `tile128` for 128 x 784 x 512
 // and 1024^3 in all four layouts. Workgroups of 8 x 4 threads cover a 32 x
 // 128 output tile: launch (ceil(N / 128), ceil(M / 32), batches x chunks).
+// The tall variant has 16 rows a thread (64 accumulators, 16 vec4s of A and
+// 16 of B per 4 k for 1,024 multiply-adds) and a 64 x 128 tile.
 //
 // The host uses it only when every vec4 it reads is whole and aligned: the
 // contiguous axis of each operand (K or M of A, N or K of B) a multiple of
