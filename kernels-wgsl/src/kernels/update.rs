@@ -106,7 +106,6 @@ fn prepare(upd: &ParamUpdate, n: u32) -> Result<(Entry, Update)> {
             let params = Update {
                 n,
                 flags: u32::from(decoupled_weight_decay),
-                lr: f(lr),
                 weight_decay: f(weight_decay),
                 beta1: f(beta1),
                 beta2: f(beta2),

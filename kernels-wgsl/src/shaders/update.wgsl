@@ -16,7 +16,7 @@
 // - `sgd` (1, 2): n, lr, weight_decay, flags (bit 0: apply weight decay).
 // - `sgd_momentum` (1, 2, 3): as `sgd`, plus momentum, one_minus_dampening,
 //   flags bit 1: Nesterov.
-// - `adam` (1..4): n, lr, beta1, beta2, one_minus_beta1, one_minus_beta2,
+// - `adam` (1..4): n, beta1, beta2, one_minus_beta1, one_minus_beta2,
 //   step_size = lr / (1 - beta1^t), rsqrt_bias2 = 1 / sqrt(1 - beta2^t),
 //   eps, weight_decay,
 //   decay_factor = 1 - lr * weight decay, flags (bit 0: decoupled weight
