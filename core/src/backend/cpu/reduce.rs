@@ -44,7 +44,21 @@ struct Geometry {
     /// Non-unit reduced axes all come before the non-unit kept axes: the
     /// input is [block, outputs] and each output a column.
     prefix: bool,
+    /// Otherwise, when each block is made of contiguous runs of at least
+    /// `MIN_RUN` elements: where they start.
+    runs: Option<Runs>,
 }
+
+/// A block as runs of `len` contiguous elements, run r at `starts[r]` from
+/// the block's first element, in the order of the reduced sequence.
+struct Runs {
+    len: usize,
+    starts: Vec<usize>,
+}
+
+/// Runs shorter than this are gathered element by element (the offset
+/// table), as copying them would gain nothing.
+const MIN_RUN: usize = 16;
 
 impl Geometry {
     fn new(dims: &[usize], axes: AxisSet) -> Geometry {
@@ -57,6 +71,7 @@ impl Geometry {
             block: 1,
             suffix: true,
             prefix: true,
+            runs: None,
         };
         let (mut seen_kept, mut seen_red) = (false, false);
         for (d, (&n, &s)) in dims.iter().zip(&strides).enumerate() {
@@ -78,6 +93,31 @@ impl Geometry {
             }
         }
         g
+    }
+
+    /// `runs` for a block whose innermost non-unit reduced axes are
+    /// contiguous in memory for at least `MIN_RUN` elements (and more than
+    /// one run: a single run is the `suffix` case).
+    fn find_runs(&mut self) {
+        // The reduced axes, unit ones dropped, adjacent ones that are
+        // contiguous in memory merged (innermost first).
+        let mut axes: Vec<(usize, usize)> = Vec::new();
+        for (&n, &s) in self.red_dims.iter().zip(&self.red_strides).rev() {
+            match axes.last_mut() {
+                _ if n == 1 => {}
+                Some((pn, ps)) if *ps * *pn == s => *pn *= n,
+                _ => axes.push((n, s)),
+            }
+        }
+        let Some(&(len, 1)) = axes.first() else { return };
+        if len < MIN_RUN || axes.len() < 2 {
+            return;
+        }
+        let mut starts = vec![0usize];
+        for &(n, s) in axes.iter().skip(1).rev() {
+            starts = starts.iter().flat_map(|&o| (0..n).map(move |i| o + i * s)).collect();
+        }
+        self.runs = Some(Runs { len, starts });
     }
 
     /// Offsets of a block's elements from its first, in increasing order.
@@ -115,6 +155,9 @@ fn reduce_with<const COMPACT: bool>(
     let mut g = Geometry::new(x.dims, axes);
     g.suffix &= fast;
     g.prefix &= fast;
+    if fast && !g.suffix && !g.prefix {
+        g.find_runs();
+    }
     let outputs: usize = g.kept_dims.iter().product();
     checks::reduction(op, axes, (x.dims, x.dtype), (outputs, g.block), (out.numel(), out.dtype))?;
     if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
@@ -210,6 +253,18 @@ fn fold<T: Num>(x: &[T], g: &Geometry, out: &mut [T], init: Option<T>, f: impl F
         for_chunks_weighted(out, 1, block * COST, |s, c| {
             let v = columns(x, cols, s..s + c.len(), 0..block, leaf);
             c.copy_from_slice(&v);
+        });
+    } else if let Some(runs) = g.runs.as_ref() {
+        // Blocks made of contiguous runs (a conv bias gradient: [N, C, HW]
+        // summed over N and HW): copied a chunk at a time into a buffer and
+        // folded there by the contiguous loop.
+        let st = Strided::<1>::new(&g.kept_dims, [&g.kept_strides], [0]);
+        let [is] = st.inner_strides;
+        let par_inside = out.len() < PAR_BLOCKS_BELOW && block > LEAF;
+        st.fill_weighted(out, block * COST, |row, [base]| {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = fold_runs(x, base + j * is, runs, block, leaf, par_inside);
+            }
         });
     } else {
         let offs = g.block_offsets();
@@ -377,6 +432,39 @@ pub(super) fn fold_contiguous<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
     };
     let groups = leaves.div_ceil(LANES);
     tree_of_leaves(groups, group, leaf, parallel)
+}
+
+/// Leaves per chunk of `fold_runs`: a power of two, so each chunk is a
+/// complete subtree of the rule (docs/reductions.md, "Chunks").
+const RUN_CHUNK_LEAVES: usize = 64;
+
+/// The rule's value of one block laid out as `runs` (from `base`): chunks of
+/// `RUN_CHUNK_LEAVES` leaves copied into a buffer and folded by
+/// `fold_contiguous`, the chunk values combined by the tree. The same bits
+/// as folding the block's elements in sequence.
+fn fold_runs<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
+    x: &[T],
+    base: usize,
+    runs: &Runs,
+    block: usize,
+    leaf: Leaf<T, F>,
+    parallel: bool,
+) -> T {
+    const CHUNK: usize = RUN_CHUNK_LEAVES * LEAF;
+    let chunk = |c: usize| -> T {
+        let (start, end) = (c * CHUNK, ((c + 1) * CHUNK).min(block));
+        let mut buf = Vec::with_capacity(end - start);
+        let mut e = start;
+        while e < end {
+            let (r, within) = (e / runs.len, e % runs.len);
+            let take = (runs.len - within).min(end - e);
+            let from = base + runs.starts[r] + within;
+            buf.extend_from_slice(&x[from..from + take]);
+            e += take;
+        }
+        fold_contiguous(&buf, leaf, false)
+    };
+    tree_of_leaves(block.div_ceil(CHUNK), chunk, leaf, parallel)
 }
 
 // The LANES-rows loop indexes LANES slices in lockstep; an iterator is
@@ -669,6 +757,37 @@ mod tests {
         let (a, _) = both(ReduceOp::Sum, 0b01, &x, &dims);
         let column: Vec<f32> = (0..600).map(|r| x[r * 513]).collect();
         assert_eq!(a[0].to_bits(), reference_sum(&column).to_bits());
+    }
+
+    /// Blocks of contiguous runs (`Runs`: a conv bias gradient's [N, C, H,
+    /// W] over N, H and W) give the generic loop's bits and the rule's,
+    /// with runs shorter and longer than a leaf and than `fold_runs`'s
+    /// chunk, runs crossing chunk boundaries, and Max/Prod as well as Sum.
+    #[test]
+    fn runs_match_generic_bits() {
+        let cases: [(&[usize], u32); 5] = [
+            (&[5, 3, 7, 40], 0b1101),  // runs of 280: conv-like
+            (&[3, 2, 100, 50], 0b1101), // runs of 5,000, 15,000 a block: 2 chunks
+            (&[40, 2, 17], 0b101),      // runs of 17, just above MIN_RUN
+            (&[4, 3, 2, 9000], 0b1011), // runs of 9,000 > a chunk, two kept axes apart
+            (&[6, 4, 8], 0b101),        // runs of 8: below MIN_RUN, the offsets table
+        ];
+        for (dims, axes) in cases {
+            let n: usize = dims.iter().product();
+            let x = rand_f32(n, 23);
+            let mut g = Geometry::new(dims, AxisSet(axes));
+            g.find_runs();
+            assert_eq!(g.runs.is_some(), dims[dims.len() - 1] >= MIN_RUN, "{dims:?}");
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Prod] {
+                let (fast, generic) = both(op, axes, &x, dims);
+                assert_eq!(bits(&fast), bits(&generic), "{op:?} {dims:?} {axes:b}");
+            }
+            // Output 0's sum against the rule's definition.
+            let (fast, _) = both(ReduceOp::Sum, axes, &x, dims);
+            let offs = g.block_offsets();
+            let seq: Vec<f32> = offs.iter().map(|&o| x[o]).collect();
+            assert_eq!(fast[0].to_bits(), reference_sum(&seq).to_bits(), "{dims:?}");
+        }
     }
 
     /// docs/reductions.md's rule written as its definition: leaves of 128
