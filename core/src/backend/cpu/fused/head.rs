@@ -73,13 +73,12 @@ pub(super) fn eval<T: Float + Scalar + Value>(
     inputs.push(InSlice::Rel(&[], 0));
     let (inputs, shared) = (&inputs[..], &shared[..]);
     blocked.run_blocks(lhs, rhs, product, &|block| {
-        super::super::simd::dispatch(Epilogue { dims: call.dims, plan, inputs, shared, head_input, cols, block });
+        super::super::simd::dispatch(Epilogue { plan, inputs, shared, head_input, cols, block });
     })
 }
 
 /// One block's epilogue, to run with the widest vectors the CPU has.
 struct Epilogue<'a, 'i, T> {
-    dims: &'a [usize],
     plan: &'a Plan,
     inputs: &'a [InSlice<'i, T>],
     shared: &'a [Shared<T>],
@@ -93,7 +92,7 @@ impl<T: Float + Scalar + Value> super::super::simd::Kernel for Epilogue<'_, '_, 
     type Output = ();
     #[inline(always)]
     fn run(self) {
-        let Epilogue { dims, plan, inputs, shared, head_input, cols, block } = self;
+        let Epilogue { plan, inputs, shared, head_input, cols, block } = self;
         let tile = TILE.min(block.cols);
         let mut t: Tiles<T> = Tiles::new(plan.t_tiles, tile);
         let mut b: Tiles<u8> = Tiles::new(plan.b_tiles, tile);
@@ -108,7 +107,7 @@ impl<T: Float + Scalar + Value> super::super::simd::Kernel for Epilogue<'_, '_, 
             // the slices die before the next row's are made.
             let mut outs: SmallVec<[Option<OutSlice<'_, T>>; 8]> =
                 shared.iter().map(|s| unsafe { s.segment(start, block.cols) }).collect();
-            eval_range(dims, plan, &mut t, &mut b, &row_inputs, &mut outs, start, start + block.cols, None);
+            eval_range(plan, &mut t, &mut b, &row_inputs, &mut outs, start, start + block.cols, None);
         }
     }
 }

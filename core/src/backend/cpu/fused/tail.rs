@@ -95,7 +95,7 @@ pub(super) fn eval<T: Num>(
         });
     }
     let out = reduced.ok_or_else(|| bad("the reduction's output is not of the group's dtype"))?;
-    let ctx = Ctx { dims: call.dims, plan, inputs: &inputs, shared: &shared, src: tail.src };
+    let ctx = Ctx { plan, inputs: &inputs, shared: &shared, src: tail.src };
     // One instance per fold, as `reduce` has: its function inlined.
     match tail.op {
         ReduceOp::Sum => run(&ctx, layout, out, Leaf { init: Some(T::ZERO), f: <T as Num>::add }),
@@ -109,7 +109,6 @@ pub(super) fn eval<T: Num>(
 
 /// What every span of the group needs.
 struct Ctx<'a, 'i, T> {
-    dims: &'a [usize],
     plan: &'a Plan,
     inputs: &'a [InSlice<'i, T>],
     shared: &'a [Shared<T>],
@@ -163,7 +162,7 @@ impl<T: Num> super::super::simd::Kernel for Span<'_, '_, '_, '_, T> {
     fn run(self) {
         let Span { ctx, w, outs, start, end } = self;
         let capture = Some((ctx.src, &mut w.scratch[..end - start]));
-        eval_range(ctx.dims, ctx.plan, &mut w.t, &mut w.b, ctx.inputs, outs, start, end, capture);
+        eval_range(ctx.plan, &mut w.t, &mut w.b, ctx.inputs, outs, start, end, capture);
     }
 }
 
