@@ -185,9 +185,7 @@ fn zip<const COMPACT: bool, A: Scalar, B: Scalar, O: Scalar>(
         if a.len() == n && b.len() == n {
             for_chunks_weighted(out, 1, weight, |s, c| {
                 let e = s + c.len();
-                for ((o, &x), &y) in c.iter_mut().zip(&a[s..e]).zip(&b[s..e]) {
-                    *o = f(x, y);
-                }
+                super::simd::dispatch(super::simd::Zip { a: &a[s..e], b: &b[s..e], out: c, f: &f });
             });
             return Ok(());
         }

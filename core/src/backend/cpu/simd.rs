@@ -135,10 +135,29 @@ impl<T: Copy, O, F: Fn(T) -> O> Kernel for Map<'_, T, O, F> {
     }
 }
 
+/// out[i] = f(a[i], b[i]): the body of the element-wise `zip` over
+/// operands of the output's length (a binary op without broadcasting).
+pub(crate) struct Zip<'a, A, B, O, F> {
+    pub a: &'a [A],
+    pub b: &'a [B],
+    pub out: &'a mut [O],
+    pub f: &'a F,
+}
+
+impl<A: Copy, B: Copy, O, F: Fn(A, B) -> O> Kernel for Zip<'_, A, B, O, F> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        for ((o, &x), &y) in self.out.iter_mut().zip(self.a).zip(self.b) {
+            *o = (self.f)(x, y);
+        }
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
-    use super::{dispatch, x86, Map};
-    use crate::op::{UnaryOp, Value};
+    use super::{dispatch, x86, Map, Zip};
+    use crate::op::{BinaryOp, UnaryOp, Value};
 
     /// Every level this CPU has gives the baseline's bits, for the ops with
     /// the longest bodies (GELU, its derivative, exp, erf, sigmoid) over a
@@ -171,6 +190,32 @@ mod tests {
                 assert_eq!(run(level), base, "{op:?} at level {level}");
             }
             let direct: Vec<u32> = x.iter().map(|&v| f(v).to_bits()).collect();
+            assert_eq!(base, direct, "{op:?}");
+        }
+    }
+
+    /// The same for binary ops through `Zip`, with operands that pair
+    /// specials with ordinary values.
+    #[test]
+    fn zip_gives_the_baseline_bits_at_every_level() {
+        let mut a: Vec<f32> = (0..5_000).map(|i| (i as f32 - 2_500.0) * 3.1e-3).collect();
+        a.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, 2.0, -3.0]);
+        let b: Vec<f32> = a.iter().rev().map(|&v| v * 0.7 + 0.25).collect();
+        let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Pow];
+        for op in ops {
+            let f = move |p: f32, q: f32| <f32 as Value>::binary(op, p, q);
+            let run = |level: u8| {
+                x86::force(level);
+                let mut out = vec![0.0f32; a.len()];
+                dispatch(Zip { a: &a, b: &b, out: &mut out, f: &f });
+                x86::force(0);
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let base = run(1);
+            for level in [2, 3] {
+                assert_eq!(run(level), base, "{op:?} at level {level}");
+            }
+            let direct: Vec<u32> = a.iter().zip(&b).map(|(&p, &q)| f(p, q).to_bits()).collect();
             assert_eq!(base, direct, "{op:?}");
         }
     }
