@@ -425,6 +425,46 @@ fn block_maxima<T: Float>(
     }
 }
 
+/// Whether every window is a 2 × 2 block at (2·oy, 2·ox) inside the image:
+/// kernel 2, stride 2, no padding before, no dilation (the usual max-pool).
+/// The forward has its own loop for them (`pool2x2_plane`): a window's
+/// pixels are two adjacent pairs, read without the block search's gathers
+/// (W2's first pooling, [64, 32, 26, 26]: 1,388 → 260 µs a call). Its
+/// gradient keeps the block search, which measured faster than a 2 × 2
+/// loop that LLVM left scalar (1.14–1.18 ms against 1.56–1.61 ms).
+/// Native only, as the block search is.
+fn pool2x2(g: &Geometry) -> bool {
+    !cfg!(target_arch = "wasm32")
+        && (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw) == (2, 2, 2, 2, 1, 1, 0, 0)
+        && 2 * g.oh <= g.h
+        && 2 * g.ow <= g.w
+}
+
+/// `window_argmax`'s rule for one more pixel: `v` replaces the best when
+/// strictly greater, or when it is a NaN and the best is not (so the first
+/// maximum, or the first NaN, wins). Non-short-circuit operators: a select.
+#[inline(always)]
+fn beats<T: Float>(v: T, best: T) -> bool {
+    (v > best) | (v.is_nan() & !best.is_nan())
+}
+
+/// A plane's 2 × 2 maxima (`pool2x2`), taps in row-major order as
+/// `window_argmax` takes them.
+#[inline(always)]
+fn pool2x2_plane<T: Float>(g: &Geometry, plane: &[T], dst: &mut [T]) {
+    for (oy, o) in dst.chunks_exact_mut(g.ow).enumerate() {
+        let r0 = &plane[2 * oy * g.w..][..2 * g.ow];
+        let r1 = &plane[(2 * oy + 1) * g.w..][..2 * g.ow];
+        for ((o, a), b) in o.iter_mut().zip(r0.chunks_exact(2)).zip(r1.chunks_exact(2)) {
+            let mut best = a[0];
+            for v in [a[1], b[0], b[1]] {
+                best = if beats(v, best) { v } else { best };
+            }
+            *o = best;
+        }
+    }
+}
+
 pub(super) fn max_pool2d(window: &Window2d, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     const OP: &str = "MaxPool2d";
     let d = x.dims;
@@ -437,6 +477,20 @@ pub(super) fn max_pool2d(window: &Window2d, [x]: &[In<'_>; 1], out: &mut Out<'_>
     }
     with_float!(x.dtype, OP, T => {
         let src = x.slice::<T>(OP)?;
+        if pool2x2(&g) {
+            for_chunks(out.slice::<T>(OP)?, plane_out, |start, chunk| {
+                let first = start / plane_out;
+                super::simd::wide(
+                    #[inline(always)]
+                    || {
+                        for (p, dst) in chunk.chunks_exact_mut(plane_out).enumerate() {
+                            pool2x2_plane(&g, &src[(first + p) * g.h * g.w..][..g.h * g.w], dst);
+                        }
+                    },
+                );
+            });
+            return Ok(());
+        }
         let inner = InnerWindows::of(&g);
         for_chunks(out.slice::<T>(OP)?, plane_out, |start, chunk| {
             let mut block = Block::new();
@@ -833,6 +887,15 @@ mod tests {
         };
         assert_eq!(inner([2, 2], [2, 2], [0, 0], 6, 150), (0..3, 0..75));
         assert_eq!(inner([3, 3], [2, 2], [1, 1], 7, 9), (1..3, 1..4));
+        // And the 2 × 2 windows above take the forward's own loop, except where
+        // ceil mode's extra padding puts a window past the image.
+        let two = |h, w, pad_end: u32| {
+            let mut window = Window2d::new([2, 2], [2, 2], [0, 0], [1, 1]).unwrap();
+            window.pad_end = [pad_end, pad_end];
+            pool2x2(&Geometry::new("test", &window, h, w).unwrap())
+        };
+        assert!(two(6, 150, 0) && two(7, 9, 0) && two(2, 2, 0) && two(5, 131, 0));
+        assert!(!two(7, 9, 1) && two(6, 150, 1));
     }
 
     #[test]
