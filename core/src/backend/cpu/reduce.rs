@@ -45,12 +45,15 @@ struct Geometry {
     /// input is [block, outputs] and each output a column.
     prefix: bool,
     /// Otherwise, when each block is made of contiguous runs of at least
-    /// `MIN_RUN` elements: where they start.
+    /// `MIN_RUN` elements: where they start. Native only (`block_runs`):
+    /// in the browser build even the field's drop glue cost download size.
+    #[cfg(not(target_arch = "wasm32"))]
     runs: Option<Runs>,
 }
 
 /// A block as runs of `len` contiguous elements, run r at `starts[r]` from
 /// the block's first element, in the order of the reduced sequence.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 struct Runs {
     len: usize,
     starts: Vec<usize>,
@@ -58,6 +61,7 @@ struct Runs {
 
 /// Runs shorter than this are gathered element by element (the offset
 /// table), as copying them would gain nothing.
+#[cfg(not(target_arch = "wasm32"))]
 const MIN_RUN: usize = 16;
 
 impl Geometry {
@@ -71,6 +75,7 @@ impl Geometry {
             block: 1,
             suffix: true,
             prefix: true,
+            #[cfg(not(target_arch = "wasm32"))]
             runs: None,
         };
         let (mut seen_kept, mut seen_red) = (false, false);
@@ -95,6 +100,7 @@ impl Geometry {
         g
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     /// `runs` for a block whose innermost non-unit reduced axes are
     /// contiguous in memory for at least `MIN_RUN` elements (and more than
     /// one run: a single run is the `suffix` case).
@@ -118,6 +124,17 @@ impl Geometry {
             starts = starts.iter().flat_map(|&o| (0..n).map(move |i| o + i * s)).collect();
         }
         self.runs = Some(Runs { len, starts });
+    }
+
+    /// `runs`, known to be None at compile time in the browser build, so
+    /// that `fold_runs` is not in its download.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn block_runs(&self) -> Option<&Runs> {
+        self.runs.as_ref()
+    }
+    #[cfg(target_arch = "wasm32")]
+    fn block_runs(&self) -> Option<&Runs> {
+        None
     }
 
     /// Offsets of a block's elements from its first, in increasing order.
@@ -155,6 +172,9 @@ fn reduce_with<const COMPACT: bool>(
     let mut g = Geometry::new(x.dims, axes);
     g.suffix &= fast;
     g.prefix &= fast;
+    // Native only: the browser build keeps the offset table (size budget;
+    // the bits are the same either way; see `block_runs`).
+    #[cfg(not(target_arch = "wasm32"))]
     if fast && !g.suffix && !g.prefix {
         g.find_runs();
     }
@@ -254,7 +274,7 @@ fn fold<T: Num>(x: &[T], g: &Geometry, out: &mut [T], init: Option<T>, f: impl F
             let v = columns(x, cols, s..s + c.len(), 0..block, leaf);
             c.copy_from_slice(&v);
         });
-    } else if let Some(runs) = g.runs.as_ref() {
+    } else if let Some(runs) = g.block_runs() {
         // Blocks made of contiguous runs (a conv bias gradient: [N, C, HW]
         // summed over N and HW): copied a chunk at a time into a buffer and
         // folded there by the contiguous loop.
@@ -438,6 +458,7 @@ pub(super) fn fold_contiguous<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
 /// complete subtree of the rule (docs/reductions.md, "Chunks").
 const RUN_CHUNK_LEAVES: usize = 64;
 
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 /// The rule's value of one block laid out as `runs` (from `base`): chunks of
 /// `RUN_CHUNK_LEAVES` leaves copied into a buffer and folded by
 /// `fold_contiguous`, the chunk values combined by the tree. The same bits
