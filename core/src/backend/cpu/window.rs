@@ -427,11 +427,12 @@ fn block_maxima<T: Float>(
 
 /// Whether every window is a 2 × 2 block at (2·oy, 2·ox) inside the image:
 /// kernel 2, stride 2, no padding before, no dilation (the usual max-pool).
-/// The forward has its own loop for them (`pool2x2_plane`): a window's
-/// pixels are two adjacent pairs, read without the block search's gathers
-/// (W2's first pooling, [64, 32, 26, 26]: 1,388 → 260 µs a call). Its
-/// gradient keeps the block search, which measured faster than a 2 × 2
-/// loop that LLVM left scalar (1.14–1.18 ms against 1.56–1.61 ms).
+/// Both directions have their own loops for them (`pool2x2_plane`,
+/// `pool2x2_backward_plane`): a window's pixels are two adjacent pairs,
+/// read without the block search's gathers. W2's first pooling,
+/// [64, 32, 26, 26], a call: forward 1,388 → 260 µs, gradient 1.48–1.98 →
+/// 0.56–0.66 ms. (A one-pass gradient loop stayed scalar under LLVM and
+/// was slower than the block search; the gradient's two passes are not.)
 /// Native only, as the block search is.
 fn pool2x2(g: &Geometry) -> bool {
     !cfg!(target_arch = "wasm32")
@@ -463,6 +464,47 @@ fn pool2x2_plane<T: Float>(g: &Geometry, plane: &[T], dst: &mut [T]) {
             *o = best;
         }
     }
+}
+
+/// The gradient of one plane's 2 × 2 maxima (`pool2x2`): each window's
+/// gradient to its first maximum as `0 + g` (the bits of the general loop,
+/// which adds into a zeroed plane), 0 elsewhere. Two passes per row of
+/// windows: which tap wins, as a value of T (selects of one type, which
+/// vectorise as the forward does), then the four pixels of each window.
+/// `taps` is scratch of at least `g.ow` elements.
+#[inline(always)]
+fn pool2x2_backward_plane<T: Float>(g: &Geometry, xs: &[T], gp: &[T], taps: &mut [T], dst: &mut [T]) {
+    let zero = T::ZERO;
+    let (one, two, three) = (T::from_f64(1.0), T::from_f64(2.0), T::from_f64(3.0));
+    let ow = g.ow;
+    let taps = &mut taps[..ow];
+    for oy in 0..g.oh {
+        let r0 = &xs[2 * oy * g.w..][..2 * ow];
+        let r1 = &xs[(2 * oy + 1) * g.w..][..2 * ow];
+        for ((t, a), c) in taps.iter_mut().zip(r0.chunks_exact(2)).zip(r1.chunks_exact(2)) {
+            let (mut best, mut tap) = (a[0], zero);
+            for (k, v) in [(one, a[1]), (two, c[0]), (three, c[1])] {
+                let replace = beats(v, best);
+                best = if replace { v } else { best };
+                tap = if replace { k } else { tap };
+            }
+            *t = tap;
+        }
+        let (top, bottom) = dst[2 * oy * g.w..][..2 * g.w].split_at_mut(g.w);
+        let grads = &gp[oy * ow..][..ow];
+        for ox in 0..ow {
+            let (tap, grad) = (taps[ox], zero + grads[ox]);
+            top[2 * ox] = if tap == zero { grad } else { zero };
+            top[2 * ox + 1] = if tap == one { grad } else { zero };
+            bottom[2 * ox] = if tap == two { grad } else { zero };
+            bottom[2 * ox + 1] = if tap == three { grad } else { zero };
+        }
+        // An odd width's last column belongs to no window.
+        top[2 * ow..].fill(zero);
+        bottom[2 * ow..].fill(zero);
+    }
+    // An odd height's last row likewise.
+    dst[2 * g.oh * g.w..].fill(zero);
 }
 
 pub(super) fn max_pool2d(window: &Window2d, [x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
@@ -519,6 +561,23 @@ pub(super) fn max_pool2d_backward(window: &Window2d, [x, grad]: &[In<'_>; 2], ou
     let plane_out = g.oh * g.ow;
     with_float!(x.dtype, OP, T => {
         let (src, gs) = (x.slice::<T>(OP)?, grad.slice::<T>(OP)?);
+        if pool2x2(&g) {
+            for_chunks(out.slice::<T>(OP)?, plane, |start, chunk| {
+                let first = start / plane;
+                let mut taps = vec![T::from_f64(0.0); g.ow];
+                super::simd::wide(
+                    #[inline(always)]
+                    || {
+                        for (p, dst) in chunk.chunks_exact_mut(plane).enumerate() {
+                            let index = first + p;
+                            let (xs, gp) = (&src[index * plane..][..plane], &gs[index * plane_out..][..plane_out]);
+                            pool2x2_backward_plane(&g, xs, gp, &mut taps, dst);
+                        }
+                    },
+                );
+            });
+            return Ok(());
+        }
         let inner = InnerWindows::of(&g);
         for_chunks(out.slice::<T>(OP)?, plane, |start, chunk| {
             let mut block = Block::new();
@@ -887,7 +946,7 @@ mod tests {
         };
         assert_eq!(inner([2, 2], [2, 2], [0, 0], 6, 150), (0..3, 0..75));
         assert_eq!(inner([3, 3], [2, 2], [1, 1], 7, 9), (1..3, 1..4));
-        // And the 2 × 2 windows above take the forward's own loop, except where
+        // And the 2 × 2 windows above take their own loops, except where
         // ceil mode's extra padding puts a window past the image.
         let two = |h, w, pad_end: u32| {
             let mut window = Window2d::new([2, 2], [2, 2], [0, 0], [1, 1]).unwrap();
