@@ -993,7 +993,11 @@ mod tests {
                     assert_eq!(out, expected[start..start + len], "{dims:?} {strides:?} from {start}, {len}");
                     out.fill(u32::MAX);
                     gather(&x, &cstrides, &cdims, start, &mut out);
-                    assert_eq!(out, expected[start..start + len], "collapsed {cdims:?} {cstrides:?} from {start}, {len}");
+                    assert_eq!(
+                        out,
+                        expected[start..start + len],
+                        "collapsed {cdims:?} {cstrides:?} from {start}, {len}"
+                    );
                 }
             }
         }

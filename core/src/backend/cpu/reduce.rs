@@ -787,7 +787,7 @@ mod tests {
     #[test]
     fn runs_match_generic_bits() {
         let cases: [(&[usize], u32); 5] = [
-            (&[5, 3, 7, 40], 0b1101),  // runs of 280: conv-like
+            (&[5, 3, 7, 40], 0b1101),   // runs of 280: conv-like
             (&[3, 2, 100, 50], 0b1101), // runs of 5,000, 15,000 a block: 2 chunks
             (&[40, 2, 17], 0b101),      // runs of 17, just above MIN_RUN
             (&[4, 3, 2, 9000], 0b1011), // runs of 9,000 > a chunk, two kept axes apart
