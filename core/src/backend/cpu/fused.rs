@@ -771,32 +771,14 @@ impl<'a, V> View<'a, V> {
     }
 }
 
-/// `dims` read with `strides`, with each pair of adjacent axes that the
-/// strides walk as one (stride[d] = stride[d + 1] · dims[d + 1]: contiguous,
-/// or both broadcast) merged, and unit axes dropped. Flat indices are
-/// unchanged, so `gather` reads the same elements; its runs along the
-/// innermost axis get longer (a conv bias [1, C, 1, 1] over [N, C, H, W]:
-/// runs of H·W instead of W, one fill per 676 elements in W2's first
-/// layer instead of one per 26).
+/// `dims` read with `strides`, collapsed as `Strided` collapses them (unit
+/// axes dropped, adjacent axes that the strides walk as one merged:
+/// contiguous, or both broadcast). Flat indices are unchanged, so `gather`
+/// reads the same elements; its runs along the innermost axis get longer (a
+/// conv bias [1, C, 1, 1] over [N, C, H, W]: runs of H·W instead of W, one
+/// fill per 676 elements in W2's first layer instead of one per 26).
 fn collapse(dims: &[usize], strides: &[usize]) -> (Dims, Dims) {
-    let (mut d_out, mut s_out) = (Dims::new(), Dims::new());
-    for (&n, &st) in dims.iter().zip(strides) {
-        if n == 1 {
-            continue;
-        }
-        match (d_out.last_mut(), s_out.last_mut()) {
-            (Some(pn), Some(ps)) if *ps == st * n => {
-                *pn *= n;
-                *ps = st;
-            }
-            _ => {
-                d_out.push(n);
-                s_out.push(st);
-            }
-        }
-    }
-    // Every axis a unit one: rank 0, which `gather` reads as one element.
-    (d_out, s_out)
+    super::layout::Strided::<1>::new(dims, [strides], [0]).dims_and_strides()
 }
 
 /// out[j] = x[flat index s + j of the group read with `strides`], a run
@@ -1005,6 +987,6 @@ mod tests {
         let pair = |(d, s): (Dims, Dims)| (d.to_vec(), s.to_vec());
         assert_eq!(pair(collapse(&[64, 32, 26, 26], &[0, 1, 0, 0])), (vec![64, 32, 676], vec![0, 1, 0]));
         assert_eq!(pair(collapse(&[2, 3, 4], &[12, 4, 1])), (vec![24], vec![1]));
-        assert_eq!(pair(collapse(&[1, 1], &[0, 0])), (vec![], vec![]));
+        assert_eq!(pair(collapse(&[1, 1], &[0, 0])), (vec![1], vec![0]));
     }
 }

@@ -71,6 +71,18 @@ pub(crate) struct Strided<const N: usize> {
     rows: usize,
 }
 
+impl Strided<1> {
+    /// The collapsed dims, outermost first (the row last), and the
+    /// operand's strides along them.
+    #[cfg_attr(not(feature = "fusion"), allow(dead_code))]
+    pub fn dims_and_strides(&self) -> (Dims, Dims) {
+        let (mut dims, mut strides) = (self.outer_dims.clone(), self.outer_strides[0].clone());
+        dims.push(self.inner);
+        strides.push(self.inner_strides[0]);
+        (dims, strides)
+    }
+}
+
 impl<const N: usize> Strided<N> {
     pub fn new(dims: &[usize], strides: [&[usize]; N], base: [usize; N]) -> Self {
         debug_assert!(strides.iter().all(|s| s.len() == dims.len()));

@@ -105,24 +105,14 @@ impl Geometry {
     /// contiguous in memory for at least `MIN_RUN` elements (and more than
     /// one run: a single run is the `suffix` case).
     fn find_runs(&mut self) {
-        // The reduced axes, unit ones dropped, adjacent ones that are
-        // contiguous in memory merged (innermost first).
-        let mut axes: Vec<(usize, usize)> = Vec::new();
-        for (&n, &s) in self.red_dims.iter().zip(&self.red_strides).rev() {
-            match axes.last_mut() {
-                _ if n == 1 => {}
-                Some((pn, ps)) if *ps * *pn == s => *pn *= n,
-                _ => axes.push((n, s)),
-            }
-        }
-        let Some(&(len, 1)) = axes.first() else { return };
-        if len < MIN_RUN || axes.len() < 2 {
+        // The reduced axes collapsed: the row is a run when contiguous.
+        let st = Strided::<1>::new(&self.red_dims, [&self.red_strides], [0]);
+        let len = st.inner;
+        if st.inner_strides[0] != 1 || len < MIN_RUN || st.rows() < 2 {
             return;
         }
-        let mut starts = vec![0usize];
-        for &(n, s) in axes.iter().skip(1).rev() {
-            starts = starts.iter().flat_map(|&o| (0..n).map(move |i| o + i * s)).collect();
-        }
+        let mut starts = Vec::with_capacity(st.rows());
+        st.for_rows(0, st.rows(), |_, [o]| starts.push(o));
         self.runs = Some(Runs { len, starts });
     }
 
@@ -274,28 +264,27 @@ fn fold<T: Num>(x: &[T], g: &Geometry, out: &mut [T], init: Option<T>, f: impl F
             let v = columns(x, cols, s..s + c.len(), 0..block, leaf);
             c.copy_from_slice(&v);
         });
-    } else if let Some(runs) = g.block_runs() {
-        // Blocks made of contiguous runs (a conv bias gradient: [N, C, HW]
-        // summed over N and HW): copied a chunk at a time into a buffer and
-        // folded there by the contiguous loop.
-        let st = Strided::<1>::new(&g.kept_dims, [&g.kept_strides], [0]);
-        let [is] = st.inner_strides;
-        let par_inside = out.len() < PAR_BLOCKS_BELOW && block > LEAF;
-        st.fill_weighted(out, block * COST, |row, [base]| {
-            for (j, o) in row.iter_mut().enumerate() {
-                *o = fold_runs(x, base + j * is, runs, block, leaf, par_inside);
-            }
-        });
     } else {
-        let offs = g.block_offsets();
+        // Any other layout, output by output. Blocks made of contiguous runs
+        // (a conv bias gradient: [N, C, HW] summed over N and HW) are copied
+        // a chunk at a time into a buffer and folded there by the contiguous
+        // loop; others read each element through the offset table.
+        let runs = g.block_runs();
+        let offs = if runs.is_none() { g.block_offsets() } else { Vec::new() };
         let st = Strided::<1>::new(&g.kept_dims, [&g.kept_strides], [0]);
         let [is] = st.inner_strides;
         let par_inside = out.len() < PAR_BLOCKS_BELOW && block > LEAF;
         st.fill_weighted(out, block * COST, |row, [base]| {
             for (j, o) in row.iter_mut().enumerate() {
                 let b = base + j * is;
-                let value = |q: usize| leaf.fold(offs[q * LEAF..((q + 1) * LEAF).min(block)].iter().map(|&k| x[b + k]));
-                *o = tree_of_leaves(block.div_ceil(LEAF), value, leaf, par_inside);
+                *o = match runs {
+                    Some(runs) => fold_runs(x, b, runs, block, leaf, par_inside),
+                    None => {
+                        let value =
+                            |q: usize| leaf.fold(offs[q * LEAF..((q + 1) * LEAF).min(block)].iter().map(|&k| x[b + k]));
+                        tree_of_leaves(block.div_ceil(LEAF), value, leaf, par_inside)
+                    }
+                };
             }
         });
     }

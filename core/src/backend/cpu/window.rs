@@ -449,19 +449,29 @@ fn beats<T: Float>(v: T, best: T) -> bool {
     (v > best) | (v.is_nan() & !best.is_nan())
 }
 
-/// A plane's 2 × 2 maxima (`pool2x2`), taps in row-major order as
-/// `window_argmax` takes them.
+/// The first maximum of a 2 × 2 window (top pair `a`, bottom pair `c`),
+/// taps in row-major order as `window_argmax` takes them, and which tap it
+/// is (0–3, as a value of T: selects of one type vectorise).
+#[inline(always)]
+fn first_max_2x2<T: Float>(a: &[T], c: &[T]) -> (T, T) {
+    let (one, two, three) = (T::from_f64(1.0), T::from_f64(2.0), T::from_f64(3.0));
+    let (mut best, mut tap) = (a[0], T::ZERO);
+    for (k, v) in [(one, a[1]), (two, c[0]), (three, c[1])] {
+        let replace = beats(v, best);
+        best = if replace { v } else { best };
+        tap = if replace { k } else { tap };
+    }
+    (best, tap)
+}
+
+/// A plane's 2 × 2 maxima (`pool2x2`).
 #[inline(always)]
 fn pool2x2_plane<T: Float>(g: &Geometry, plane: &[T], dst: &mut [T]) {
     for (oy, o) in dst.chunks_exact_mut(g.ow).enumerate() {
         let r0 = &plane[2 * oy * g.w..][..2 * g.ow];
         let r1 = &plane[(2 * oy + 1) * g.w..][..2 * g.ow];
-        for ((o, a), b) in o.iter_mut().zip(r0.chunks_exact(2)).zip(r1.chunks_exact(2)) {
-            let mut best = a[0];
-            for v in [a[1], b[0], b[1]] {
-                best = if beats(v, best) { v } else { best };
-            }
-            *o = best;
+        for ((o, a), c) in o.iter_mut().zip(r0.chunks_exact(2)).zip(r1.chunks_exact(2)) {
+            *o = first_max_2x2(a, c).0;
         }
     }
 }
@@ -469,8 +479,8 @@ fn pool2x2_plane<T: Float>(g: &Geometry, plane: &[T], dst: &mut [T]) {
 /// The gradient of one plane's 2 × 2 maxima (`pool2x2`): each window's
 /// gradient to its first maximum as `0 + g` (the bits of the general loop,
 /// which adds into a zeroed plane), 0 elsewhere. Two passes per row of
-/// windows: which tap wins, as a value of T (selects of one type, which
-/// vectorise as the forward does), then the four pixels of each window.
+/// windows: which tap wins (`first_max_2x2`), then the four pixels of each
+/// window.
 /// `taps` is scratch of at least `g.ow` elements.
 #[inline(always)]
 fn pool2x2_backward_plane<T: Float>(g: &Geometry, xs: &[T], gp: &[T], taps: &mut [T], dst: &mut [T]) {
@@ -482,13 +492,7 @@ fn pool2x2_backward_plane<T: Float>(g: &Geometry, xs: &[T], gp: &[T], taps: &mut
         let r0 = &xs[2 * oy * g.w..][..2 * ow];
         let r1 = &xs[(2 * oy + 1) * g.w..][..2 * ow];
         for ((t, a), c) in taps.iter_mut().zip(r0.chunks_exact(2)).zip(r1.chunks_exact(2)) {
-            let (mut best, mut tap) = (a[0], zero);
-            for (k, v) in [(one, a[1]), (two, c[0]), (three, c[1])] {
-                let replace = beats(v, best);
-                best = if replace { v } else { best };
-                tap = if replace { k } else { tap };
-            }
-            *t = tap;
+            *t = first_max_2x2(a, c).1;
         }
         let (top, bottom) = dst[2 * oy * g.w..][..2 * g.w].split_at_mut(g.w);
         let grads = &gp[oy * ow..][..ow];
