@@ -123,7 +123,7 @@ impl MatMulKernel {
             #[cfg(not(target_arch = "wasm32"))]
             MatMulKernel::Staged => (n.div_ceil(matmul_staged::TILE), m.div_ceil(matmul_staged::TILE)),
             MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
-            MatMulKernel::Skinny => ((m * n).div_ceil(WG as usize), 1),
+            MatMulKernel::Skinny => ((m * n.div_ceil(4)).div_ceil(WG as usize), 1),
             MatMulKernel::Vec4 => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TILE_M)),
             MatMulKernel::Vec4Tall => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TALL_TILE_M)),
         }

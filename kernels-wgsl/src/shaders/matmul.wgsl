@@ -19,14 +19,18 @@
 //   workgroup memory in slabs of KT = 16 k.
 // - `tile64`: the same with a 64 x 64 tile, 4 x 4 outputs per thread (two
 //   vec4 reads per k): more workgroups for middle-sized products.
-// - `skinny`: one output per thread, no workgroup memory: products with a
-//   tiny M or N (matrix-vector), where a tile would leave most threads idle.
+// - `skinny`: four outputs of a row per thread, no workgroup memory:
+//   products with a tiny M or N (matrix-vector), where a tile would leave
+//   most threads idle. Four rather than one: a thread's set-up (its job,
+//   row and column, the strides) is paid once per four outputs, and each
+//   value of A read once for them (W2's conv1 on SwiftShader, K = 9:
+//   the set-up cost more than the nine multiply-adds).
 // Register blocks: on a software adapter (lavapipe runs each invocation as
 // one SIMD lane and loads per lane), a thread's loads per multiply-add set
 // the speed; on a GPU the same blocking saves workgroup-memory bandwidth.
 //
 // Launch: tile kernels (ceil(N / T), ceil(M / T), batches x chunks) with T
-// the tile edge; `skinny` (ceil(M N / WG), 1, batches x chunks). z = batch
+// the tile edge; `skinny` (ceil(M ceil(N / 4) / WG), 1, batches x chunks). z = batch
 // b of this dispatch, chunk c as b `chunks` + c; the host splits more than
 // the z limit into several dispatches (`first_batch`, `first_chunk`). With
 // K in one chunk the product goes straight to `out`; otherwise chunk c's
@@ -197,17 +201,24 @@ fn tile64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 @compute @workgroup_size(256)
 fn skinny(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let job = job_of(wid.z);
+    let n = params.n;
+    let quads = (n + 3u) / 4u;
     let i = wid.x * WG + lid;
-    if (i >= params.m * params.n) {
+    if (i >= params.m * quads) {
         return;
     }
-    let row = i / params.n;
-    let col = i % params.n;
+    let row = i / quads;
+    let col = (i % quads) * 4u;
+    let a_col = params.a_col;
+    let b_row = params.b_row;
     let pa = job.oa + row * params.a_row;
-    let pb = job.ob + col * params.b_col;
-    var acc = 0.0;
+    // Columns past the end read the last column again and are not stored.
+    let last = n - 1u;
+    let pb = job.ob + min(vec4<u32>(col, col + 1u, col + 2u, col + 3u), vec4<u32>(last)) * params.b_col;
+    var acc = vec4<f32>(0.0);
     for (var kk = job.k_begin; kk < job.k_end; kk = kk + 1u) {
-        acc += a[pa + kk * params.a_col] * b[pb + kk * params.b_row];
+        let o = kk * b_row;
+        acc += a[pa + kk * a_col] * vec4<f32>(b[pb.x + o], b[pb.y + o], b[pb.z + o], b[pb.w + o]);
     }
-    out[job.out + i] = acc;
+    store4(job, row, col, acc);
 }
