@@ -71,6 +71,16 @@ pub struct WgpuOptions {
     /// `KILN_WGPU_SPECIALIZE=1` or `=0` sets it from the environment when
     /// it is `None`.
     pub specialize_shapes: Option<bool>,
+    /// Whether the strided element-wise kernels (binary ops, comparisons,
+    /// Where, and the copies behind Permute, Expand, Slice and Concat) take
+    /// eight consecutive elements per thread (`main8` of strided.wgsl) or
+    /// one (`main`). `None` (the default): eight on software adapters,
+    /// whose threads are SIMD lanes of a CPU (there unravelling an index
+    /// costs more than the op: on SwiftShader, the browser's adapter in CI,
+    /// W2's bias Add went 45 -> 21.5 ms and its step 930 -> 690-750 ms),
+    /// one on GPUs (neighbouring threads reading neighbouring elements).
+    /// The same bits either way.
+    pub eight_elements_per_thread: Option<bool>,
 }
 
 impl Default for WgpuOptions {
@@ -88,6 +98,7 @@ impl Default for WgpuOptions {
             fuse_matmul_epilogue: None,
             fuse_reduce_prologue: None,
             specialize_shapes: None,
+            eight_elements_per_thread: None,
         }
     }
 }

@@ -116,6 +116,8 @@ pub struct WgpuBackend {
     matmul_scratch_bytes: u64,
     /// The matmul kernel chosen per shape class.
     matmul_tuner: kernels::matmul_tune::Tuner,
+    /// Eight elements per thread in the strided kernels (`launch_strided`).
+    eight_per_thread: bool,
     /// Generated kernels of fused element-wise groups and their plans.
     #[cfg(not(target_arch = "wasm32"))]
     fused: RefCell<kernels::fused::FusedCache>,
@@ -182,6 +184,7 @@ impl WgpuBackend {
             scratch_created: Default::default(),
             matmul_scratch_bytes: options.max_matmul_scratch_bytes.unwrap_or(matmul_scratch),
             matmul_tuner: kernels::matmul_tune::Tuner::new(options.matmul_kernel, hardware)?,
+            eight_per_thread: options.eight_elements_per_thread.unwrap_or(!hardware),
             #[cfg(not(target_arch = "wasm32"))]
             fused: RefCell::default(),
             #[cfg(not(target_arch = "wasm32"))]
@@ -261,6 +264,22 @@ impl WgpuBackend {
         return self.specialize;
         #[cfg(target_arch = "wasm32")]
         false
+    }
+
+    /// Launch strided.wgsl's entry point over `n` elements of `kernel` (a
+    /// binary op, comparison, Where or copy): eight elements per thread
+    /// (`main8`) or one (`main`), as `WgpuOptions::eight_elements_per_thread`
+    /// chose.
+    pub(crate) fn launch_strided(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        args: &[(u32, Arg)],
+        params: &[u32],
+        n: usize,
+    ) -> Result<()> {
+        let (entry, threads) = if self.eight_per_thread { ("main8", n.div_ceil(8)) } else { ("main", n) };
+        self.launch(op, kernel, entry, args, params, self.grid_for(op, threads)?)
     }
 
     /// Workgroups for a one-dimensional launch over `n` items, WG per group.

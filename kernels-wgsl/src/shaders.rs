@@ -223,6 +223,8 @@ impl Kernel {
             #[cfg(not(target_arch = "wasm32"))]
             Kernel::Norm => &["forward_serial", "backward_serial", "forward_rows", "backward_rows"],
             Kernel::MatMul => &["tile128", "tile64", "skinny"],
+            // strided.wgsl's two launches.
+            Kernel::Binary(..) | Kernel::Compare(..) | Kernel::Where(_) | Kernel::Copy => &["main", "main8"],
             _ => &["main"],
         }
     }
@@ -582,6 +584,8 @@ pub(crate) fn as_written(name: &str, text: &str) -> String {
         "unary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{text}"),
         "binary.wgsl" => format!("{COMMON}\n{TRIG}\n{SCALAR}\n{STRIDED}\n{text}"),
         "where.wgsl" | "movement.wgsl" => format!("{COMMON}\n{STRIDED}\n{text}"),
+        // Its entry points call the kernel's `element`: a stand-in here.
+        "strided.wgsl" => format!("{COMMON}\n{text}\nfn element(i: u32, o: vec4<u32>) {{}}"),
         "matmul.wgsl" | "matmul_vec4.wgsl" => format!("{COMMON}\n{MATMUL_COMMON}\n{text}"),
         _ => format!("{COMMON}\n{text}"),
     }

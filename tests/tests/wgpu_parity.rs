@@ -505,6 +505,68 @@ fn movement_forward_and_backward() {
     });
 }
 
+/// strided.wgsl's two launches, one element per thread (`main`, GPUs) and
+/// eight (`main8`, software adapters), forced both ways on lavapipe:
+/// innermost rows shorter than, equal to and longer than eight (a thread's
+/// elements cross rows), a single element, broadcasts of every operand,
+/// transposes, stepped slices, expands, concatenations into strided
+/// destinations, ints and bools. Each against the CPU, and the two launches
+/// against each other bit for bit.
+#[test]
+fn strided_kernels_one_or_eight_elements_per_thread() {
+    let mut results: Vec<Vec<HostData>> = Vec::new();
+    for eight in [false, true] {
+        let options = WgpuOptions { eight_elements_per_thread: Some(eight), ..WgpuOptions::default() };
+        let Some(wg) = wgpu_device_with(options) else { return };
+        forward(&wg, &format!("strided kernels, eight per thread: {eight}"), EXACT, strided_graph);
+        let g = Graph::new(&wg);
+        results.push(strided_graph(&g).unwrap().iter().map(read).collect());
+    }
+    for (k, (one, eight)) in results[0].iter().zip(&results[1]).enumerate() {
+        let bits = |h: &HostData| h.to_f64_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(one), bits(eight), "output {k}: one and eight per thread differ");
+    }
+}
+
+/// The graph of `strided_kernels_one_or_eight_elements_per_thread`.
+fn strided_graph(g: &Graph) -> kiln::Result<Vec<Tensor<'_>>> {
+    let x = rand(2 * 3 * 7 * 9, 21, -2.0, 2.0);
+    let ints: Vec<i32> = (0..378).map(|i| (i * 37 % 101) - 50).collect();
+    {
+        let t = g.tensor_from(&x, &[2, 3, 7, 9])?;
+        let col = g.tensor_from(&x[..7], &[7, 1])?;
+        let row = g.tensor_from(&x[7..16], &[9])?;
+        let i = g.tensor_from(&ints, &[6, 63])?;
+        let one = g.tensor_from(&x[..1], &[1])?;
+        let c = t.compare(CompareOp::Greater, row)?;
+        let mut outs = vec![
+            t.add(col)?,
+            t.mul(row)?,
+            t.reshape(&[6, 63])?.sub(t.reshape(&[6, 63])?.slice_axis(1, 0, 1, 1)?)?,
+            one.add(one)?,
+            i.add(i.slice_axis(0, 5, 6, 1)?)?,
+            c.clone(),
+            c.where_(t, col.expand(&[2, 3, 7, 9])?)?,
+            t.permute(&[3, 0, 2, 1])?,
+            t.permute(&[0, 2, 1, 3])?,
+            t.slice_axis(3, 1, 9, 3)?,
+            t.slice_axis(2, 0, 7, 2)?.expand(&[2, 2, 3, 4, 9])?,
+            row.expand(&[5, 9])?,
+            Tensor::concat(&[t, t.slice_axis(3, 0, 5, 1)?, t], 3)?,
+            Tensor::concat(&[i, i.slice_axis(1, 0, 7, 1)?], 1)?,
+            t.slice_backward(
+                &[2, 3, 7, 18],
+                &[SliceSpec::all(), SliceSpec::all(), SliceSpec::all(), SliceSpec::new(0, 18, 2)],
+            )?,
+        ];
+        // 1,000 elements: a last thread with fewer than eight.
+        let long = g.tensor_from(&rand(1000, 22, -1.0, 1.0), &[8, 125])?;
+        outs.push(long.add(long.slice_axis(0, 0, 1, 1)?)?);
+        outs.push(long.permute(&[1, 0])?);
+        Ok(outs)
+    }
+}
+
 #[test]
 fn index_select_and_scatter_add() {
     let Some(wg) = wgpu_device() else { return };

@@ -78,7 +78,7 @@ fn zip(
     let sb = broadcast_to(op, b.dims, out.dims)?;
     let params = strided(op, out.dims, &[(0, &sa), (0, &sb)])?;
     let args = [(1, Arg::input(a)), (2, Arg::input(b)), (3, Arg::output(out))];
-    be.launch(op, kernel, "main", &args, words(&params), be.grid_for(op, out.numel())?)
+    be.launch_strided(op, kernel, &args, words(&params), out.numel())
 }
 
 pub(crate) fn binary(be: &WgpuBackend, op: BinaryOp, [a, b]: &[TensorRef<'_>; 2], out: &TensorRef<'_>) -> Result<()> {
@@ -111,7 +111,7 @@ pub(crate) fn where_(be: &WgpuBackend, [c, a, b]: &[TensorRef<'_>; 3], out: &Ten
     let sb = broadcast_to(OP, b.dims, out.dims)?;
     let params = strided(OP, out.dims, &[(0, &sc), (0, &sa), (0, &sb)])?;
     let args = [(1, Arg::input(c)), (2, Arg::input(a)), (3, Arg::input(b)), (4, Arg::output(out))];
-    be.launch(OP, Kernel::Where(ty(out.dtype)), "main", &args, words(&params), be.grid_for(OP, out.numel())?)
+    be.launch_strided(OP, Kernel::Where(ty(out.dtype)), &args, words(&params), out.numel())
 }
 
 pub(crate) fn cast(be: &WgpuBackend, [x]: &[TensorRef<'_>; 1], out: &TensorRef<'_>) -> Result<()> {

@@ -25,7 +25,7 @@ fn copy(
     }
     let params = strided(op, dims, &[(src_base, src_strides), (dst_base, dst_strides)])?;
     let args = [(1, Arg::input(src)), (2, Arg::output(dst))];
-    be.launch(op, Kernel::Copy, "main", &args, words(&params), be.grid_for(op, dims.iter().product())?)
+    be.launch_strided(op, Kernel::Copy, &args, words(&params), dims.iter().product())
 }
 
 /// Read `x` through (base, strides) into the contiguous output.

@@ -4,8 +4,8 @@
 // Bindings: 0 params: Strided (strided.wgsl; operand 0 = a, operand 1 = b,
 // broadcast axes have stride 0), 1 a: array<TI> (read), 2 b: array<TI>
 // (read), 3 out: array<TO> (read_write, contiguous).
-// Launch: ceil(n / WG) workgroups folded into a 2-D grid, one output element
-// per thread.
+// Launch: strided.wgsl's entry points, ceil(n / WG) workgroups (`main`) or
+// ceil(n / 8 WG) (`main8`) folded into a 2-D grid.
 // Specialisation (shaders.rs replaces these whole declarations): `TI` the
 // operand type (f32, i32, u32 = bool for comparisons), `TO` the output type
 // (TI, or u32 for comparisons) and `op`, the op table's expression printed
@@ -27,12 +27,7 @@ fn op(a: TI, b: TI) -> TO {
 @group(0) @binding(2) var<storage, read> in_b: array<TI>;
 @group(0) @binding(3) var<storage, read_write> out: array<TO>;
 
-@compute @workgroup_size(WG)
-fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
-    let i = flat_id(wg, lid);
-    if (i >= params.n) {
-        return;
-    }
-    let o = offsets(i);
+// Element i, at the operands' offsets o (strided.wgsl's entry points).
+fn element(i: u32, o: vec4<u32>) {
     out[i] = op(in_a[o.x], in_b[o.y]);
 }

@@ -6,8 +6,8 @@
 // dst), 1 src: array<u32> (read), 2 dst: array<u32> (read_write).
 // Elements are moved as 32-bit words whatever their dtype (f32 and i32 bits,
 // bools stored as 0/1 words), so one variant serves every dtype.
-// Launch: ceil(n / WG) workgroups folded into a 2-D grid, one element per
-// thread.
+// Launch: strided.wgsl's entry points, ceil(n / WG) workgroups (`main`) or
+// ceil(n / 8 WG) (`main8`) folded into a 2-D grid.
 //
 // Permute/Expand/Slice: dst contiguous, src read through permuted, zero
 // (broadcast) or stepped strides plus a base offset. Concat: one dispatch per
@@ -18,12 +18,7 @@
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
 
-@compute @workgroup_size(WG)
-fn main(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
-    let i = flat_id(wg, lid);
-    if (i >= params.n) {
-        return;
-    }
-    let o = offsets(i);
+// Element i, at the operands' offsets o (strided.wgsl's entry points).
+fn element(i: u32, o: vec4<u32>) {
     dst[o.y] = src[o.x];
 }
