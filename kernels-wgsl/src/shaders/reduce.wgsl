@@ -145,8 +145,42 @@ fn reduced_offset(j: u32) -> u32 {
     return off;
 }
 
-fn element(base: u32, j: u32) -> Acc {
-    return Acc(x[base + reduced_offset(j)], j, 1u);
+// Elements start .. end - 1 of the block at `base`, folded in order from
+// the identity. After the first, an element in the same innermost reduced
+// row steps from the one before by that axis's stride instead of
+// unravelling its index again (on a software adapter the unravelling cost
+// more than the fold: W2's conv1 bias gradient on SwiftShader, a Sum over
+// [64, 32, 26, 26] keeping axis 1, took 51 ms in its first pass).
+fn fold_range(base: u32, start: u32, end: u32) -> Acc {
+    var len = 1u;
+    var step = 0u;
+    if (params.reduced.rank > 0u) {
+        let d = params.reduced.rank - 1u;
+        len = params.reduced.dims[d];
+        step = params.reduced.strides[d];
+    }
+    var acc = init();
+    var off = base + reduced_offset(start);
+    var col = start % len;
+    for (var j = start; j < end; j = j + 1u) {
+        if (j != start) {
+            col += 1u;
+            if (col == len) {
+                col = 0u;
+                off = base + reduced_offset(j);
+            } else {
+                off += step;
+            }
+        }
+        acc = combine(acc, element(off, j));
+    }
+    return acc;
+}
+
+// Element j of a block, at input offset `off` (the fused reductions'
+// prologue replaces this, the only reader of x).
+fn element(off: u32, j: u32) -> Acc {
+    return Acc(x[off], j, 1u);
 }
 
 @compute @workgroup_size(WG)
@@ -155,12 +189,7 @@ fn serial(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     if (o >= params.outputs) {
         return;
     }
-    let base = kept_offset(o);
-    var acc = init();
-    for (var j = 0u; j < params.block; j = j + 1u) {
-        acc = combine(acc, element(base, j));
-    }
-    out[o] = result(acc);
+    out[o] = result(fold_range(kept_offset(o), 0u, params.block));
 }
 
 // Partials a `serial_leaves` thread holds at once: a binary counter over at
@@ -211,12 +240,7 @@ fn leaf(o: u32, l: u32) -> Acc {
     if (start >= params.block) {
         return absent();
     }
-    let end = min(start + LEAF, params.block);
-    var acc = init();
-    for (var j = start; j < end; j = j + 1u) {
-        acc = combine(acc, element(base, j));
-    }
-    return acc;
+    return fold_range(base, start, min(start + LEAF, params.block));
 }
 
 // Partial `v` of output `o` from the previous pass.

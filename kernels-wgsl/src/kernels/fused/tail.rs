@@ -188,8 +188,7 @@ fn generate(group: &FusedCall<'_>, t: Ty, writes: &[usize], source: usize, n: us
 const STRUCT_END: &str = " parts: u32,\n}";
 /// reduce.wgsl's `element`, the only reader of the input `x`, as the
 /// fused kernel has it.
-const ELEMENT: &str =
-    "fn element(base: u32, j: u32) -> Acc {\n    return Acc(prologue(base + reduced_offset(j)), j, 1u);\n}";
+const ELEMENT: &str = "fn element(off: u32, j: u32) -> Acc {\n    return Acc(prologue(off), j, 1u);\n}";
 
 /// reduce.wgsl for `op` over type `t`, entry point `entry` as `main`, its
 /// elements computed by the prologue: an error, not a wrong kernel, if the
