@@ -72,9 +72,10 @@ pub struct WgpuOptions {
     /// it is `None`.
     pub specialize_shapes: Option<bool>,
     /// Whether the strided element-wise kernels (binary ops, comparisons,
-    /// Where, and the copies behind Permute, Expand, Slice and Concat) take
-    /// eight consecutive elements per thread (`main8` of strided.wgsl) or
-    /// one (`main`). `None` (the default): eight on software adapters,
+    /// Where, and the copies behind Permute, Expand, Slice and Concat), the
+    /// folded Im2Col and the max-pool gradient take eight consecutive
+    /// elements per thread (`main8` of strided.wgsl, `im2col8`,
+    /// `backward8`) or one. `None` (the default): eight on software adapters,
     /// whose threads are SIMD lanes of a CPU (there unravelling an index
     /// costs more than the op: on SwiftShader, the browser's adapter in CI,
     /// W2's bias Add went 45 -> 21.5 ms and its step 930 -> 690-750 ms),

@@ -505,22 +505,28 @@ fn movement_forward_and_backward() {
     });
 }
 
-/// strided.wgsl's two launches, one element per thread (`main`, GPUs) and
-/// eight (`main8`, software adapters), forced both ways on lavapipe:
-/// innermost rows shorter than, equal to and longer than eight (a thread's
-/// elements cross rows), a single element, broadcasts of every operand,
-/// transposes, stepped slices, expands, concatenations into strided
-/// destinations, ints and bools. Each against the CPU, and the two launches
-/// against each other bit for bit.
+/// The kernels with two launches, one element per thread (GPUs) and eight
+/// (software adapters), forced both ways on lavapipe. strided.wgsl's
+/// `main`/`main8`: innermost rows shorter than, equal to and longer than
+/// eight (a thread's elements cross rows), a single element, broadcasts of
+/// every operand, transposes, stepped slices, expands, concatenations into
+/// strided destinations, ints and bools. The folded Im2Col's
+/// `im2col`/`im2col8` (a convolution's forward and gradients, strided and
+/// padded) and the max-pool gradient's `backward`/`backward8` (every pooling
+/// case, windows disjoint or not, rows of 9 crossing threads). Each against
+/// the CPU, and the two launches against each other bit for bit.
 #[test]
-fn strided_kernels_one_or_eight_elements_per_thread() {
+fn kernels_one_or_eight_elements_per_thread() {
     let mut results: Vec<Vec<HostData>> = Vec::new();
     for eight in [false, true] {
         let options = WgpuOptions { eight_elements_per_thread: Some(eight), ..WgpuOptions::default() };
         let Some(wg) = wgpu_device_with(options) else { return };
         forward(&wg, &format!("strided kernels, eight per thread: {eight}"), EXACT, strided_graph);
+        forward(&wg, &format!("folded convolutions, eight per thread: {eight}"), SUMS, folded_conv_graph);
         let g = Graph::new(&wg);
-        results.push(strided_graph(&g).unwrap().iter().map(read).collect());
+        let mut outs = strided_graph(&g).unwrap();
+        outs.extend(folded_conv_graph(&g).unwrap());
+        results.push(outs.iter().map(read).collect());
     }
     for (k, (one, eight)) in results[0].iter().zip(&results[1]).enumerate() {
         let bits = |h: &HostData| h.to_f64_vec().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -528,7 +534,7 @@ fn strided_kernels_one_or_eight_elements_per_thread() {
     }
 }
 
-/// The graph of `strided_kernels_one_or_eight_elements_per_thread`.
+/// The exact part of `kernels_one_or_eight_elements_per_thread`.
 fn strided_graph(g: &Graph) -> kiln::Result<Vec<Tensor<'_>>> {
     let x = rand(2 * 3 * 7 * 9, 21, -2.0, 2.0);
     let ints: Vec<i32> = (0..378).map(|i| (i * 37 % 101) - 50).collect();
@@ -563,8 +569,36 @@ fn strided_graph(g: &Graph) -> kiln::Result<Vec<Tensor<'_>>> {
         let long = g.tensor_from(&rand(1000, 22, -1.0, 1.0), &[8, 125])?;
         outs.push(long.add(long.slice_axis(0, 0, 1, 1)?)?);
         outs.push(long.permute(&[1, 0])?);
+        // Max-pool gradients (with ties and NaNs).
+        let ties = pool_input(x.len(), 23, &[0, 10, 200]);
+        for (k, s, p, d, ceil) in pools() {
+            let v = g.variable(&ties, &[2, 3, 7, 9])?;
+            let y = v.max_pool2d(k, s, p, d, ceil)?;
+            let r = g.tensor_from(&rand(y.numel(), 24, -1.0, 1.0), &y.dims())?;
+            outs.extend(g.grad(y.mul(r)?.sum_all()?, &[v], None)?);
+        }
         Ok(outs)
     }
+}
+
+/// The folded convolutions of `kernels_one_or_eight_elements_per_thread`
+/// (batch 3, 5 x 7 images; products on both sides, so not exact).
+fn folded_conv_graph(g: &Graph) -> kiln::Result<Vec<Tensor<'_>>> {
+    let img = rand(3 * 6 * 5 * 7, 25, -1.0, 1.0);
+    let mut outs = vec![];
+    for (stride, padding) in [([1, 1], [1, 1]), ([2, 1], [0, 1])] {
+        let options = ConvOptions { stride, padding, ..ConvOptions::default() };
+        let conv = Conv2d::new(g.device(), 6, 5, [3, 3], options, 3)?;
+        let v = g.variable(&img, &[3, 6, 5, 7])?;
+        let permutes = g.count_ops("Permute");
+        let y = conv.forward(v)?;
+        // The folded path permutes its output.
+        assert_eq!(g.count_ops("Permute"), permutes + 1, "the convolution did not fold");
+        let r = g.tensor_from(&rand(y.numel(), 26, -1.0, 1.0), &y.dims())?;
+        outs.push(y);
+        outs.extend(g.grad(y.mul(r)?.sum_all()?, &[v, g.param(&conv.weight)?], None)?);
+    }
+    Ok(outs)
 }
 
 #[test]

@@ -41,6 +41,22 @@ pub(crate) fn max_pool2d(
     be.launch(OP, Kernel::Pool, "forward", &args, words(&params), be.grid_for(OP, n)?)
 }
 
+/// The largest window `backward8` takes: a thread then loops at most
+/// 8 (kh + kh kw) <= 8,448 times, far below the 65,535 loop iterations after
+/// which lavapipe silently stops a shader.
+const EIGHT_WINDOW: usize = 1024;
+
+/// `backward8` (eight pixels a thread) on software adapters
+/// (`WgpuOptions::eight_elements_per_thread`) when windows are small
+/// enough, `backward` otherwise; with the thread count for `n` pixels.
+fn backward_entry(be: &WgpuBackend, window: usize, n: usize) -> (&'static str, usize) {
+    if be.eight_per_thread && window <= EIGHT_WINDOW {
+        ("backward8", n.div_ceil(8))
+    } else {
+        ("backward", n)
+    }
+}
+
 pub(crate) fn max_pool2d_backward(
     be: &WgpuBackend,
     window: &Window2d,
@@ -64,6 +80,7 @@ pub(crate) fn max_pool2d_backward(
         return Ok(());
     }
     let windows = grad.numel();
+    let taps = window.kernel_elements();
     let geometry = geometry(OP, window, n, n.max(windows), [d[2], d[3]], [oh, ow])?;
     // First each window's first maximum (one thread per window), then the
     // gather over the windows holding each pixel: each thread loops over one
@@ -76,7 +93,8 @@ pub(crate) fn max_pool2d_backward(
         let args = [(1, Arg::input(x)), (4, slots(true))];
         be.launch(OP, Kernel::Pool, "first_maxima", &args, words(&per_window), be.grid_for(OP, windows)?)?;
         let args = [(5, slots(false)), (2, Arg::input(grad)), (3, Arg::output(out))];
-        be.launch(OP, Kernel::Pool, "backward", &args, words(&params), be.grid_for(OP, n)?)
+        let (entry, threads) = backward_entry(be, taps, n);
+        be.launch(OP, Kernel::Pool, entry, &args, words(&params), be.grid_for(OP, threads)?)
     })();
     be.free_scratch(firsts);
     result

@@ -11,13 +11,15 @@
 //   arithmetic (`window_pixel`, `window_position`) is common.wgsl's, shared
 //   with window.wgsl.
 // Launch: ceil(n / WG) workgroups folded into a 2-D grid, one output element
-// (`first_maxima`: one window) per thread.
+// (`first_maxima`: one window) per thread; `backward8` ceil(n / 8 / WG),
+// eight consecutive input pixels per thread (software adapters).
 //
 // Every invocation loops over at most one window (kh + kh kw iterations;
 // the host refuses windows of more than MAX_WINDOW = 2^14 elements), far
 // below the 65,535 loop iterations after which lavapipe silently stops a
-// shader. (A gradient that searched every window holding a pixel for its
-// maximum looped kh kw times over a window.)
+// shader; `backward8` over eight, which the host launches only for windows
+// of at most EIGHT_WINDOW = 1,024 elements. (A gradient that searched every
+// window holding a pixel for its maximum looped kh kw times over a window.)
 //
 // A window's maximum is its FIRST maximum in row-major (i, j) order: a later
 // element replaces the best one only when strictly greater; a NaN replaces
@@ -28,10 +30,10 @@
 // - `forward` (1, 3): out[n, c, oy, ox] = x at window (oy, ox)'s first max.
 // - `first_maxima` (1, 4): firsts_out[plane, oy, ox] = the position of window
 //   (oy, ox)'s first max, `n` = the number of windows.
-// - `backward` (5, 2, 3): a gather — each input pixel sums grad over the
-//   windows that contain it and whose first maximum (from `first_maxima`) it
-//   is, in row-major (oy, ox) order, the order in which the CPU adds them:
-//   the same bits, no atomics.
+// - `backward`, `backward8` (5, 2, 3): a gather — each input pixel sums grad
+//   over the windows that contain it and whose first maximum (from
+//   `first_maxima`) it is, in row-major (oy, ox) order, the order in which
+//   the CPU adds them: the same bits, no atomics.
 
 struct Pool {
     window: Window,
@@ -122,13 +124,8 @@ fn first_maxima(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     firsts_out[e] = output_first_max(g, e);
 }
 
-@compute @workgroup_size(WG)
-fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
-    let e = flat_id(wg, lid);
-    let g = params.window;
-    if (e >= g.n) {
-        return;
-    }
+// The gradient of input pixel e (see `backward` in the header).
+fn backward_at(g: Window, e: u32) -> f32 {
     let h = g.image[0];
     let w = g.image[1];
     let oh = g.positions[0];
@@ -136,28 +133,10 @@ fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     let kh = g.kernel[0];
     let kw = g.kernel[1];
     let pos = e % (h * w);
-    let plane = e / (h * w);
-    let gbase = plane * oh * ow;
+    let gbase = (e / (h * w)) * oh * ow;
     let py = pos / w + g.pad[0];
     let px = pos % w + g.pad[1];
     var acc = 0.0;
-    // Windows that do not overlap (no dilation, stride >= kernel: MaxPool2d(2)
-    // and the like): along each axis only window py / stride can hold the
-    // pixel, so no loops over taps. Whether it does need not be checked: a
-    // window's first maximum is one of its own pixels. The same window and
-    // the same sum as the loops below. (SwiftShader, unspecialised, W2's
-    // [64, 32, 26, 26] gradient: 86 ms with the loops, 51 without.)
-    let sy = g.stride[0];
-    let sx = g.stride[1];
-    if (g.dilation[0] == 1u && g.dilation[1] == 1u && sy >= kh && sx >= kw) {
-        let oy = py / sy;
-        let ox = px / sx;
-        if (oy < oh && ox < ow && firsts[gbase + oy * ow + ox] == pos) {
-            acc += grad[gbase + oy * ow + ox];
-        }
-        out[e] = acc;
-        return;
-    }
     // Kernel rows from the last to the first give window rows oy ascending
     // (oy = (py - i·dh) / sh), likewise columns: (oy, ox) in row-major order.
     let ry = rows(g);
@@ -177,5 +156,86 @@ fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
             }
         }
     }
-    out[e] = acc;
+    return acc;
+}
+
+// Whether windows do not overlap (no dilation, stride >= kernel:
+// MaxPool2d(2) and the like). Then along each axis only window
+// padded / stride can hold a pixel, so no loops over taps; whether it does
+// need not be checked: a window's first maximum is one of its own pixels.
+// The same window and the same sum as `backward_at`. (SwiftShader,
+// unspecialised, W2's [64, 32, 26, 26] gradient: 86 ms with the loops, 51
+// without.)
+fn disjoint(g: Window) -> bool {
+    return g.dilation[0] == 1u && g.dilation[1] == 1u && g.stride[0] >= g.kernel[0] && g.stride[1] >= g.kernel[1];
+}
+
+// Gradients of input pixels first .. first + count - 1 (those below n).
+// For disjoint windows a pixel's window steps along the row by counting;
+// only the first pixel of a run and each new row divide.
+fn backward_run(first: u32, count: u32) {
+    let g = params.window;
+    if (first >= g.n) {
+        return;
+    }
+    let end = first + min(count, g.n - first);
+    if (!disjoint(g)) {
+        for (var e = first; e < end; e = e + 1u) {
+            out[e] = backward_at(g, e);
+        }
+        return;
+    }
+    let h = g.image[0];
+    let w = g.image[1];
+    let oh = g.positions[0];
+    let ow = g.positions[1];
+    let sy = g.stride[0];
+    let sx = g.stride[1];
+    let hw = h * w;
+    var pos = first % hw;
+    var gbase = (first / hw) * oh * ow;
+    var y = pos / w;
+    var x = pos % w;
+    var oy = (y + g.pad[0]) / sy;
+    var ox = (x + g.pad[1]) / sx;
+    var cx = (x + g.pad[1]) % sx;
+    for (var e = first; e < end; e = e + 1u) {
+        var acc = 0.0;
+        if (oy < oh && ox < ow && firsts[gbase + oy * ow + ox] == pos) {
+            acc += grad[gbase + oy * ow + ox];
+        }
+        out[e] = acc;
+        pos += 1u;
+        x += 1u;
+        cx += 1u;
+        if (cx == sx) {
+            cx = 0u;
+            ox += 1u;
+        }
+        if (x == w) {
+            x = 0u;
+            y += 1u;
+            if (y == h) {
+                y = 0u;
+                pos = 0u;
+                gbase += oh * ow;
+            }
+            oy = (y + g.pad[0]) / sy;
+            ox = g.pad[1] / sx;
+            cx = g.pad[1] % sx;
+        }
+    }
+}
+
+// One input pixel per thread (GPUs).
+@compute @workgroup_size(WG)
+fn backward(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    backward_run(flat_id(wg, lid), 1u);
+}
+
+// Eight consecutive pixels per thread (software adapters, where the
+// divisions that take an index apart cost more than the gradient).
+@compute @workgroup_size(WG)
+fn backward8(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    backward_run(flat_id(wg, lid) * 8u, 8u);
 }

@@ -9,10 +9,10 @@
 // The host checks that every index fits in u32 and bounds the window as
 // for window.wgsl (each col2im invocation loops over one window).
 // Launch: ceil(n / WG) workgroups folded into a 2-D grid, one output element
-// per thread.
+// per thread (`im2col8`: ceil(n / 8 / WG), eight).
 //
 // Entry points (L = oh·ow window positions, N = `batch`):
-// - `im2col` (1 = image [N, C, H, W], 2 = columns [C·kh·kw, N·L]): row
+// - `im2col`, `im2col8` (1 = image [N, C, H, W], 2 = columns [C·kh·kw, N·L]): row
 //   c·kh·kw + i·kw + j, column n·L + oy·ow + ox holds pixel
 //   (oy·sh + i·dh - ph, ox·sw + j·dw - pw) of plane (n, c), or 0 in the
 //   padding — window.wgsl's value at [n, c·kh·kw + i·kw + j, oy·ow + ox].
@@ -31,34 +31,68 @@ struct Folded {
 @group(0) @binding(1) var<storage, read> src: array<T>;
 @group(0) @binding(2) var<storage, read_write> out: array<T>;
 
-@compute @workgroup_size(WG)
-fn im2col(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
-    let e = flat_id(wg, lid);
+// Entries first .. first + count - 1 of the columns (those below n). Within
+// a row the column steps through (sample, oy, ox) by counting, so only the
+// first entry divides its index apart.
+fn im2col_run(first: u32, count: u32) {
     let g = params.window;
-    if (e >= g.n) {
+    if (first >= g.n) {
         return;
     }
+    let end = first + min(count, g.n - first);
     let h = g.image[0];
     let w = g.image[1];
+    let oh = g.positions[0];
     let ow = g.positions[1];
     let kw = g.kernel[1];
-    let l = g.positions[0] * ow;
+    let l = oh * ow;
     let k = g.kernel[0] * kw;
     let columns = params.batch * l;
-    let col = e % columns;
-    let row = e / columns;
-    let sample = col / l;
-    let pos = col % l;
-    let kk = row % k;
     let channels = g.n / (k * columns);
-    let plane = sample * channels + row / k;
-    let y = window_pixel(rows(g), pos / ow, kk / kw);
-    let x = window_pixel(cols(g), pos % ow, kk % kw);
-    var v = T(0);
-    if (y != NONE && x != NONE) {
-        v = src[(plane * h + y) * w + x];
+    let ry = rows(g);
+    let rx = cols(g);
+    let col = first % columns;
+    var row = first / columns;
+    var sample = col / l;
+    var oy = (col % l) / ow;
+    var ox = col % ow;
+    for (var e = first; e < end; e = e + 1u) {
+        let kk = row % k;
+        let y = window_pixel(ry, oy, kk / kw);
+        let x = window_pixel(rx, ox, kk % kw);
+        var v = T(0);
+        if (y != NONE && x != NONE) {
+            v = src[((sample * channels + row / k) * h + y) * w + x];
+        }
+        out[e] = v;
+        ox += 1u;
+        if (ox == ow) {
+            ox = 0u;
+            oy += 1u;
+            if (oy == oh) {
+                oy = 0u;
+                sample += 1u;
+                if (sample == params.batch) {
+                    sample = 0u;
+                    row += 1u;
+                }
+            }
+        }
     }
-    out[e] = v;
+}
+
+// One entry per thread (GPUs: neighbouring threads write neighbouring
+// entries).
+@compute @workgroup_size(WG)
+fn im2col(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    im2col_run(flat_id(wg, lid), 1u);
+}
+
+// Eight consecutive entries per thread (software adapters, where the
+// divisions that take an index apart cost more than the copy).
+@compute @workgroup_size(WG)
+fn im2col8(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    im2col_run(flat_id(wg, lid) * 8u, 8u);
 }
 
 @compute @workgroup_size(WG)
