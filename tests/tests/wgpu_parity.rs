@@ -403,7 +403,7 @@ fn product<'g>(
 
 /// Each of matmul.wgsl's kernels, forced for every product, against the
 /// CPU: ragged edges of both tiles (130 x 135), matrix-vector products
-/// both ways, broadcast batches (a B shared by every batch folded into M),
+/// both ways, M below four and past a multiple of four, broadcast batches (a B shared by every batch folded into M),
 /// transposed operands and a K split into chunks (1100 > K_CHUNK); natively
 /// also matmul_vec4.wgsl's kernels, forced where they take the product
 /// (sizes multiples of 4, in all four layouts). The kernels sum in one order, so they also agree
@@ -411,8 +411,12 @@ fn product<'g>(
 /// sign differently).
 #[test]
 fn every_matmul_kernel_matches_the_cpu_and_the_others() {
-    let shapes: [(&[usize], &[usize], bool, bool); 19] = [
+    let shapes: [(&[usize], &[usize], bool, bool); 21] = [
         (&[130, 20], &[20, 135], false, false),
+        // Fewer than four rows, and four-row blocks past the last row (the
+        // skinny kernel's 1 x 4 and 4 x 4 blocks).
+        (&[3, 40], &[40, 7], false, false),
+        (&[6, 13], &[5, 13], false, true),
         (&[20, 130], &[135, 20], true, true),
         (&[1, 300], &[300, 70], false, false),
         (&[70, 300], &[300, 1], false, false),

@@ -123,7 +123,8 @@ impl MatMulKernel {
             #[cfg(not(target_arch = "wasm32"))]
             MatMulKernel::Staged => (n.div_ceil(matmul_staged::TILE), m.div_ceil(matmul_staged::TILE)),
             MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
-            MatMulKernel::Skinny => ((m * n.div_ceil(4)).div_ceil(WG as usize), 1),
+            // Blocks of 4 x 4 outputs (1 x 4 when M < 4): matmul.wgsl's `skinny_rows`.
+            MatMulKernel::Skinny => ((m.div_ceil(if m >= 4 { 4 } else { 1 }) * n.div_ceil(4)).div_ceil(WG as usize), 1),
             MatMulKernel::Vec4 => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TILE_M)),
             MatMulKernel::Vec4Tall => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TALL_TILE_M)),
         }

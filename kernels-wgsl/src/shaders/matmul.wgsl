@@ -19,18 +19,20 @@
 //   workgroup memory in slabs of KT = 16 k.
 // - `tile64`: the same with a 64 x 64 tile, 4 x 4 outputs per thread (two
 //   vec4 reads per k): more workgroups for middle-sized products.
-// - `skinny`: four outputs of a row per thread, no workgroup memory:
-//   products with a tiny M or N (matrix-vector), where a tile would leave
-//   most threads idle. Four rather than one: a thread's set-up (its job,
-//   row and column, the strides) is paid once per four outputs, and each
-//   value of A read once for them (W2's conv1 on SwiftShader, K = 9:
-//   the set-up cost more than the nine multiply-adds).
+// - `skinny`: a 4 x 4 block of outputs per thread (1 x 4 when M < 4), no
+//   workgroup memory: products with a tiny M or N (matrix-vector), where a
+//   tile would leave most threads idle. Blocks rather than one output: a
+//   thread's set-up (its job, row and column, the strides) is paid once per
+//   block, and each value of A and B read once for four outputs (W2's conv1
+//   on SwiftShader, K = 9: the set-up and the loads cost more than the
+//   nine multiply-adds; one output a thread 108 ms a step, 1 x 4 41 ms).
 // Register blocks: on a software adapter (lavapipe runs each invocation as
 // one SIMD lane and loads per lane), a thread's loads per multiply-add set
 // the speed; on a GPU the same blocking saves workgroup-memory bandwidth.
 //
 // Launch: tile kernels (ceil(N / T), ceil(M / T), batches x chunks) with T
-// the tile edge; `skinny` (ceil(M ceil(N / 4) / WG), 1, batches x chunks). z = batch
+// the tile edge; `skinny` (ceil(ceil(M / R) ceil(N / 4) / WG), 1, batches x
+// chunks) with R its rows per block (`skinny_rows`). z = batch
 // b of this dispatch, chunk c as b `chunks` + c; the host splits more than
 // the z limit into several dispatches (`first_batch`, `first_chunk`). With
 // K in one chunk the product goes straight to `out`; otherwise chunk c's
@@ -201,24 +203,53 @@ fn tile64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
 @compute @workgroup_size(256)
 fn skinny(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let job = job_of(wid.z);
+    let m = params.m;
     let n = params.n;
     let quads = (n + 3u) / 4u;
+    let rows = skinny_rows(m);
     let i = wid.x * WG + lid;
-    if (i >= params.m * quads) {
+    if (i >= ((m + rows - 1u) / rows) * quads) {
         return;
     }
-    let row = i / quads;
+    let row = (i / quads) * rows;
     let col = (i % quads) * 4u;
     let a_col = params.a_col;
     let b_row = params.b_row;
-    let pa = job.oa + row * params.a_row;
-    // Columns past the end read the last column again and are not stored.
+    // Columns (rows) past the end read the last one again and are not stored.
     let last = n - 1u;
     let pb = job.ob + min(vec4<u32>(col, col + 1u, col + 2u, col + 3u), vec4<u32>(last)) * params.b_col;
-    var acc = vec4<f32>(0.0);
+    if (rows == 1u) {
+        let pa = job.oa + row * params.a_row;
+        var acc = vec4<f32>(0.0);
+        for (var kk = job.k_begin; kk < job.k_end; kk = kk + 1u) {
+            let o = kk * b_row;
+            acc += a[pa + kk * a_col] * vec4<f32>(b[pb.x + o], b[pb.y + o], b[pb.z + o], b[pb.w + o]);
+        }
+        store4(job, row, col, acc);
+        return;
+    }
+    let pa = job.oa + min(vec4<u32>(row, row + 1u, row + 2u, row + 3u), vec4<u32>(m - 1u)) * params.a_row;
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
     for (var kk = job.k_begin; kk < job.k_end; kk = kk + 1u) {
         let o = kk * b_row;
-        acc += a[pa + kk * a_col] * vec4<f32>(b[pb.x + o], b[pb.y + o], b[pb.z + o], b[pb.w + o]);
+        let bk = vec4<f32>(b[pb.x + o], b[pb.y + o], b[pb.z + o], b[pb.w + o]);
+        let ak = kk * a_col;
+        c0 += a[pa.x + ak] * bk;
+        c1 += a[pa.y + ak] * bk;
+        c2 += a[pa.z + ak] * bk;
+        c3 += a[pa.w + ak] * bk;
     }
-    store4(job, row, col, acc);
+    store4(job, row, col, c0);
+    store4(job, row + 1u, col, c1);
+    store4(job, row + 2u, col, c2);
+    store4(job, row + 3u, col, c3);
+}
+
+// Rows of a `skinny` thread's block: four when M has four (each value of B
+// then read once for four rows), else one.
+fn skinny_rows(m: u32) -> u32 {
+    return select(1u, 4u, m >= 4u);
 }
