@@ -288,6 +288,17 @@ fn comparisons_where_and_casts() {
     }
 }
 
+/// Sums and products over an empty axis give the identity per output, as on
+/// the CPU (the fold of no elements: reduce.wgsl's `fold_range`).
+#[test]
+fn reductions_over_an_empty_axis() {
+    let Some(wg) = wgpu_device() else { return };
+    forward(&wg, "empty reductions", EXACT, |g| {
+        let x = g.zeros(&[3, 0, 2], DType::F32)?;
+        Ok(vec![x.sum(&[1], false)?, x.reduce(ReduceOp::Prod, &[1], true)?, x.sum(&[0, 1], false)?])
+    });
+}
+
 #[test]
 fn reductions_forward_and_backward() {
     let Some(wg) = wgpu_device() else { return };
