@@ -75,7 +75,9 @@ pub struct WgpuOptions {
     /// Where, and the copies behind Permute, Expand, Slice and Concat), the
     /// folded Im2Col and the max-pool gradient take eight consecutive
     /// elements per thread (`main8` of strided.wgsl, `im2col8`,
-    /// `backward8`) or one. `None` (the default): eight on software adapters,
+    /// `backward8`) or one; and whether long reductions fold groups of
+    /// leaves a thread without workgroup barriers (`leaf_groups`,
+    /// `serial_parts`) or by workgroup trees. `None` (the default): eight on software adapters,
     /// whose threads are SIMD lanes of a CPU (there unravelling an index
     /// costs more than the op: on SwiftShader, the browser's adapter in CI,
     /// W2's bias Add went 45 -> 21.5 ms and its step 930 -> 690-750 ms),

@@ -198,9 +198,16 @@ impl Kernel {
     /// Entry points of the module (pipelines are made per entry point).
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Kernel::Reduce(..) => {
-                &["serial", "serial_leaves", "leaves_to_parts", "leaves_to_out", "parts_to_parts", "parts_to_out"]
-            }
+            Kernel::Reduce(..) => &[
+                "serial",
+                "serial_leaves",
+                "leaf_groups",
+                "serial_parts",
+                "leaves_to_parts",
+                "leaves_to_out",
+                "parts_to_parts",
+                "parts_to_out",
+            ],
             Kernel::Index(_) => &[
                 "check",
                 "check_value",

@@ -584,6 +584,20 @@ fn strided_graph(g: &Graph) -> kiln::Result<Vec<Tensor<'_>>> {
         let long = g.tensor_from(&rand(1000, 22, -1.0, 1.0), &[8, 125])?;
         outs.push(long.add(long.slice_axis(0, 0, 1, 1)?)?);
         outs.push(long.permute(&[1, 0])?);
+        // Reductions past eight leaves: on software adapters a thread per
+        // group of eight leaves and one per output for the partials (no
+        // barriers), on GPUs workgroup trees; the same tree either way.
+        // 94 leaves per output, 32 with axes kept on both sides, and 1,100
+        // (more partials than one thread combines).
+        let mut long = rand(140_800, 27, -1.0, 1.0);
+        long[5000] = f32::NAN;
+        let wide = g.tensor_from(&long[..12_000], &[2, 3, 2000])?;
+        let all = g.tensor_from(&long, &[140_800])?;
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::ArgMax] {
+            outs.push(wide.reduce(op, &[0, 2], false)?);
+            outs.push(wide.reduce(op, &[0, 1, 2], false)?);
+            outs.push(all.reduce(op, &[0], false)?);
+        }
         // Max-pool gradients (with ties and NaNs).
         let ties = pool_input(x.len(), 23, &[0, 10, 200]);
         for (k, s, p, d, ceil) in pools() {

@@ -26,6 +26,11 @@ const LEAF: usize = 128;
 const SERIAL_LEAVES: usize = 8;
 /// Leaves (first pass) or partials (later passes) one workgroup combines.
 const FAN_IN: usize = crate::shaders::WG as usize;
+/// Leaves a `leaf_groups` thread folds (GROUP_LEAVES in reduce.wgsl).
+const GROUP_LEAVES: usize = 8;
+/// Most partials per output `serial_parts` combines (its counter's stack
+/// holds SERIAL_DEPTH = 8 partials: 128).
+const SERIAL_PARTS: usize = 128;
 
 pub(crate) fn reduce(
     be: &WgpuBackend,
@@ -128,10 +133,49 @@ fn passes(
 ) -> Result<()> {
     let mut items = leaves;
     let mut input: Option<BufferId> = None;
-    let result = (|| loop {
+    let result = (|| {
+        if be.eight_per_thread {
+            // Software adapters: no workgroup barriers (reduce.wgsl's
+            // `leaf_groups` and `serial_parts`).
+            let groups = items.div_ceil(GROUP_LEAVES);
+            params.groups = word(name, groups)?;
+            params.parts = word(name, items)?;
+            let total = outputs.checked_mul(groups).ok_or_else(|| too_many(name, outputs, groups))?;
+            let parts = be.scratch(PART_DTYPE, 2 * total)?;
+            input = Some(parts);
+            let sink = (3, Arg::Buffer { id: parts, dtype: PART_DTYPE, len: 2 * total, write: true });
+            elements.launch(be, (name, kernel), "leaf_groups", sink, &params, be.grid_for(name, total)?)?;
+            items = groups;
+            if items <= SERIAL_PARTS {
+                params.parts = word(name, items)?;
+                let source = (4, Arg::Buffer { id: parts, dtype: PART_DTYPE, len: 2 * total, write: false });
+                let args = [source, (2, Arg::output(out))];
+                return be.launch(name, kernel, "serial_parts", &args, words(&params), be.grid_for(name, outputs)?);
+            }
+        }
+        workgroup_passes(be, (name, kernel), out, outputs, (&mut items, &mut input), &mut params, &mut elements)
+    })();
+    if let Some(id) = input {
+        be.free_scratch(id);
+    }
+    result
+}
+
+/// The workgroup passes of `passes`: over the leaves when `input` is None,
+/// else over the `items` partials per output in `input`, until one remains.
+fn workgroup_passes(
+    be: &WgpuBackend,
+    (name, kernel): (&'static str, Kernel),
+    out: &TensorRef<'_>,
+    outputs: usize,
+    (items, input): (&mut usize, &mut Option<BufferId>),
+    params: &mut Reduce,
+    elements: &mut Elements<'_, '_>,
+) -> Result<()> {
+    loop {
         let groups = items.div_ceil(FAN_IN);
         params.groups = word(name, groups)?;
-        params.parts = word(name, items)?;
+        params.parts = word(name, *items)?;
         let total = outputs.checked_mul(groups).ok_or_else(|| too_many(name, outputs, groups))?;
         let grid = be.ctx().grid(name, total as u64)?;
         // The last pass writes the outputs, the others partials.
@@ -141,15 +185,15 @@ fn passes(
             None => (2, Arg::output(out)),
             Some(id) => (3, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * total, write: true }),
         };
-        let launched = match input {
+        let launched = match *input {
             None => {
                 let entry = if last { "leaves_to_out" } else { "leaves_to_parts" };
-                elements.launch(be, (name, kernel), entry, sink, &params, grid)
+                elements.launch(be, (name, kernel), entry, sink, params, grid)
             }
             Some(id) => {
-                let source = (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * items, write: false });
+                let source = (4, Arg::Buffer { id, dtype: PART_DTYPE, len: 2 * outputs * *items, write: false });
                 let entry = if last { "parts_to_out" } else { "parts_to_parts" };
-                be.launch(name, kernel, entry, &[source, sink], words(&params), grid)
+                be.launch(name, kernel, entry, &[source, sink], words(params), grid)
             }
         };
         let Some(parts) = parts else { return launched };
@@ -157,12 +201,8 @@ fn passes(
             be.free_scratch(old);
         }
         launched?;
-        items = groups;
-    })();
-    if let Some(id) = input {
-        be.free_scratch(id);
+        *items = groups;
     }
-    result
 }
 
 /// Partials travel as pairs of u32 words (value bits, element index); the

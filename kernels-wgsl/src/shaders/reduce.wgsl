@@ -28,6 +28,14 @@
 //   run a 256-thread workgroup with 8 barriers per output for a handful of
 //   leaves, which is slow on lavapipe. Launch: ceil(outputs / WG)
 //   workgroups folded into a 2-D grid.
+// - `leaf_groups` then `serial_parts` (software adapters, whose workgroup
+//   barriers cost far more than a fold: on SwiftShader about 40 us each for
+//   256 invocations): a thread per aligned group of GROUP_LEAVES leaves
+//   folds them by the counter into a partial (a complete subtree of the
+//   tree), then one thread per output combines its partials by the counter
+//   (at most 2^(SERIAL_DEPTH - 1); past that the workgroup passes below
+//   combine them). Launch: ceil(outputs x groups / WG), ceil(outputs / WG)
+//   workgroups folded into a 2-D grid.
 // - `leaves_to_parts` / `leaves_to_out`: workgroup w of output o reduces
 //   leaves 256 w .. 256 w + 255 of its block: thread t folds leaf 256 w + t,
 //   then the workgroup combines its 256 leaf values by the balanced tree
@@ -200,9 +208,40 @@ fn serial(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     out[o] = result(fold_range(kept_offset(o), 0u, params.block));
 }
 
-// Partials a `serial_leaves` thread holds at once: a binary counter over at
-// most 2^(SERIAL_DEPTH - 1) leaves.
+// Partials a counter thread holds at once: a binary counter over at most
+// 2^(SERIAL_DEPTH - 1) leaves or partials.
 const SERIAL_DEPTH: u32 = 8u;
+
+// Leaves a `leaf_groups` thread folds (a power of two: an aligned group is a
+// complete subtree of the rule's tree).
+const GROUP_LEAVES: u32 = 8u;
+
+// The binary counter's stack (see `serial_leaves` in the header).
+struct Counter {
+    stack: array<Acc, SERIAL_DEPTH>,
+    top: u32,
+    count: u32,
+}
+
+// Push the next item (leaf or partial) and merge as the counter says.
+fn push(c: ptr<function, Counter>, a: Acc) {
+    (*c).stack[(*c).top] = a;
+    (*c).top += 1u;
+    (*c).count += 1u;
+    for (var k = (*c).count; (k & 1u) == 0u; k = k >> 1u) {
+        (*c).stack[(*c).top - 2u] = combine((*c).stack[(*c).top - 2u], (*c).stack[(*c).top - 1u]);
+        (*c).top -= 1u;
+    }
+}
+
+// The root: the rest merged, newest first (at least one item was pushed).
+fn root(c: ptr<function, Counter>) -> Acc {
+    var acc = (*c).stack[(*c).top - 1u];
+    for (var t = (*c).top - 1u; t > 0u; t = t - 1u) {
+        acc = combine((*c).stack[t - 1u], acc);
+    }
+    return acc;
+}
 
 @compute @workgroup_size(WG)
 fn serial_leaves(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
@@ -210,22 +249,47 @@ fn serial_leaves(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
     if (o >= params.outputs) {
         return;
     }
-    var stack: array<Acc, SERIAL_DEPTH>;
-    var top = 0u;
+    var c: Counter;
     let leaves = (params.block + LEAF - 1u) / LEAF;
     for (var l = 0u; l < leaves; l = l + 1u) {
-        stack[top] = leaf(o, l);
-        top = top + 1u;
-        for (var c = l + 1u; (c & 1u) == 0u; c = c >> 1u) {
-            stack[top - 2u] = combine(stack[top - 2u], stack[top - 1u]);
-            top = top - 1u;
-        }
+        push(&c, leaf(o, l));
     }
-    var acc = stack[top - 1u];
-    for (var t = top - 1u; t > 0u; t = t - 1u) {
-        acc = combine(stack[t - 1u], acc);
+    out[o] = result(root(&c));
+}
+
+// Thread t folds group t % groups (leaves GROUP_LEAVES g .. GROUP_LEAVES g +
+// GROUP_LEAVES - 1, those in the block) of output t / groups into its
+// partial; no workgroup memory, no barriers.
+@compute @workgroup_size(WG)
+fn leaf_groups(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let t = flat_id(wg, lid);
+    if (t >= params.outputs * params.groups) {
+        return;
     }
-    out[o] = result(acc);
+    let o = t / params.groups;
+    let g = t % params.groups;
+    let leaves = (params.block + LEAF - 1u) / LEAF;
+    let first = g * GROUP_LEAVES;
+    var c: Counter;
+    for (var l = first; l < min(first + GROUP_LEAVES, leaves); l = l + 1u) {
+        push(&c, leaf(o, l));
+    }
+    store_part(o, g, root(&c));
+}
+
+// One thread per output combines its `parts` partials (at most
+// 2^(SERIAL_DEPTH - 1)) into the output.
+@compute @workgroup_size(WG)
+fn serial_parts(wg: Workgroup, @builtin(local_invocation_index) lid: u32) {
+    let o = flat_id(wg, lid);
+    if (o >= params.outputs) {
+        return;
+    }
+    var c: Counter;
+    for (var v = 0u; v < params.parts; v = v + 1u) {
+        push(&c, load_part(o, v));
+    }
+    out[o] = result(root(&c));
 }
 
 var<workgroup> partial: array<Acc, WG>;

@@ -266,7 +266,7 @@ mod tests {
             let text = generate(&group, t, &[2], 3, 24);
             assert_eq!((text.reads.len(), text.writes.len(), text.consts.len()), (2, 1, 1));
             for reduction in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
-                for entry in ["serial", "serial_leaves", "leaves_to_parts", "leaves_to_out"] {
+                for entry in ["serial", "serial_leaves", "leaf_groups", "leaves_to_parts", "leaves_to_out"] {
                     let src = rewrite((reduction, t), entry, &text).unwrap();
                     crate::shaders::validate_wgsl("generated reduction prologue", &src);
                 }
