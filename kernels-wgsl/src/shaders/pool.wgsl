@@ -52,10 +52,49 @@ fn empty() -> f32 {
 @group(0) @binding(4) var<storage, read_write> firsts_out: array<u32>;
 @group(0) @binding(5) var<storage, read> firsts: array<u32>;
 
+// Whether `pos` (value v) replaces the best so far (value bv, NaN or not):
+// the best is not NaN and v is NaN or strictly greater.
+fn replaces(v: f32, bv: f32, bnan: bool) -> bool {
+    return !bnan && (is_nan(v) || v > bv);
+}
+
+// first_max of a 2 x 2 window (no dilation) wholly inside the image whose
+// top-left pixel is at `pos`: straight-line code, no loops over taps (on
+// SwiftShader the loops' bounds checks and branches were most of the
+// pooling's time; MaxPool2d(2) is the common case).
+fn first_max_2x2(base: u32, pos: u32, w: u32) -> u32 {
+    var best = pos;
+    var bv = x[base + pos];
+    var bnan = is_nan(bv);
+    let v1 = x[base + pos + 1u];
+    if (replaces(v1, bv, bnan)) {
+        best = pos + 1u;
+        bv = v1;
+        bnan = is_nan(v1);
+    }
+    let v2 = x[base + pos + w];
+    if (replaces(v2, bv, bnan)) {
+        best = pos + w;
+        bv = v2;
+        bnan = is_nan(v2);
+    }
+    if (replaces(x[base + pos + w + 1u], bv, bnan)) {
+        best = pos + w + 1u;
+    }
+    return best;
+}
+
 // Position y * w + x in the plane starting at `base` of window (oy, ox)'s
 // first maximum, or NONE when the window holds no pixel.
 fn first_max(g: Window, base: u32, oy: u32, ox: u32) -> u32 {
     let w = g.image[1];
+    if (g.kernel[0] == 2u && g.kernel[1] == 2u && g.dilation[0] == 1u && g.dilation[1] == 1u) {
+        let py = oy * g.stride[0];
+        let px = ox * g.stride[1];
+        if (py >= g.pad[0] && px >= g.pad[1] && py - g.pad[0] + 1u < g.image[0] && px - g.pad[1] + 1u < w) {
+            return first_max_2x2(base, (py - g.pad[0]) * w + px - g.pad[1], w);
+        }
+    }
     var best = NONE;
     var bv = 0.0;
     var bnan = false;
@@ -73,13 +112,11 @@ fn first_max(g: Window, base: u32, oy: u32, ox: u32) -> u32 {
             }
             let pos = y * w + c;
             let v = x[base + pos];
-            let vnan = is_nan(v);
-            // Replace when there is no best yet, or (the best is not NaN and)
-            // v is NaN or strictly greater.
-            if (best == NONE || (!bnan && (vnan || v > bv))) {
+            // Replace when there is no best yet, or as `replaces` says.
+            if (best == NONE || replaces(v, bv, bnan)) {
                 best = pos;
                 bv = v;
-                bnan = vnan;
+                bnan = is_nan(v);
             }
         }
     }
