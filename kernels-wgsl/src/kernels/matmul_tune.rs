@@ -221,7 +221,7 @@ impl Tuner {
                 return Ok(k);
             }
         }
-        let candidates: Vec<MatMulKernel> = candidates(m, n, class.vec4, self.hardware)
+        let candidates: Vec<MatMulKernel> = candidates(m, n, p.k as usize, class.vec4, self.hardware)
             .into_iter()
             .filter(|k| k.fits(m, n, max) && k.fits(m.min(512), n.min(512), max))
             .collect();
@@ -307,19 +307,19 @@ fn vec4_takes(p: &MatMul) -> bool {
     matmul_vec4::fits(p)
 }
 
-/// The kernels worth trying for an m x n product: the skinny kernel only
-/// when M or N is small, the 128 tile only when it would not be mostly
+/// The kernels worth trying for an m x n x k product: the skinny kernel only
+/// when M or N is small or K is (its 4 x 4 blocks need no 16-deep slab), the 128 tile only when it would not be mostly
 /// padding, the vec4 kernel when it takes the product (`vec4`), and then
 /// its tall variant (natively from 256 rows, its 64-row tile mostly full) and,
 /// natively on a hardware adapter, the staged kernel when the 128 tile is a
 /// candidate.
-fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKernel> {
+fn candidates(m: usize, n: usize, k: usize, vec4: bool, hardware: bool) -> Vec<MatMulKernel> {
     let mut v = Vec::new();
     if m.max(n) > 64 {
         v.push(MatMulKernel::Tile128);
     }
     v.push(MatMulKernel::Tile64);
-    if m.min(n) <= 32 {
+    if m.min(n) <= 32 || k <= 16 {
         v.push(MatMulKernel::Skinny);
     }
     if vec4 {
@@ -339,16 +339,15 @@ fn candidates(m: usize, n: usize, vec4: bool, hardware: bool) -> Vec<MatMulKerne
 }
 
 /// Without timing (in the browser, and natively with `KILN_MATMUL_TUNE=0`),
-/// and the pick a measured candidate must beat by 10 %: a thread per output
+/// and the pick a measured candidate must beat by 10 %: the skinny kernel
 /// when M or N is at most 16, or when K is at most 16 (a 16-deep slab of the
-/// tiled kernels would be mostly padding); the 128 tile when both sides fill
+/// tiled kernels would be mostly padding: W1's 128 x 512 x 10 product took
+/// 10.7 ms by the 128 tile on SwiftShader, 1.4 ms by skinny 4 x 4 blocks); the 128 tile when both sides fill
 /// most of it; the 64 tile otherwise. Fitted to the tuner's measured picks
 /// on lavapipe for all 20 product classes of W1, W2 and W4 (2026-12-01):
 /// the earlier rule (128 tiles only from 256 x 256, a thread per output only
 /// up to 8) disagreed on 9 of them and made W2 2.2x slower there.
 fn rule(m: usize, n: usize, k: usize, candidates: &[MatMulKernel], hardware: bool) -> MatMulKernel {
-    // (A tiny K with both sides large leaves the skinny kernel out of the
-    // candidates; then the tile the product fills decides.)
     let skinny = (m.min(n) <= 16 || k <= 16) && candidates.contains(&MatMulKernel::Skinny);
     // On a hardware adapter, the staged kernel where it takes the product
     // and both sides fill most of its tile (measured on an NVIDIA H200).
@@ -507,15 +506,18 @@ mod tests {
 
     #[test]
     fn the_rule_prefers_threads_per_output_for_vectors_and_big_tiles_for_big_products() {
-        let pick = |m, n, k| rule(m, n, k, &candidates(m, n, false, false), false);
+        let pick = |m, n, k| rule(m, n, k, &candidates(m, n, k, false, false), false);
         use MatMulKernel::*;
         assert_eq!(pick(1, 4096, 64), Skinny);
         assert_eq!(pick(4096, 1, 64), Skinny);
         assert_eq!(pick(1024, 1024, 1024), Tile128);
         assert_eq!(pick(32, 32, 32), Tile64);
-        assert!(!candidates(64, 64, false, false).contains(&Tile128));
-        assert!(!candidates(64, 64, false, false).contains(&Skinny));
-        // The tuner's picks on lavapipe for the products of W1, W2 and W4.
+        assert!(!candidates(64, 64, 64, false, false).contains(&Tile128));
+        assert!(!candidates(64, 64, 64, false, false).contains(&Skinny));
+        // The tuner's picks on lavapipe for the products of W1, W2 and W4
+        // (the K = 10 ones re-measured 2026-12-07 with the skinny kernel's
+        // 4 x 4 blocks among the candidates: skinny, where tiles were picked
+        // before).
         for (m, n, k, want) in [
             (10, 128, 64, Skinny),
             (128, 1600, 64, Tile128),
@@ -524,13 +526,13 @@ mod tests {
             (32, 9, 676, Skinny),
             (64, 10, 128, Skinny),
             (64, 121, 288, Tile64),
-            (64, 128, 10, Tile64),
+            (64, 128, 10, Skinny),
             (64, 128, 1600, Tile64),
             (64, 1600, 128, Tile64),
             (64, 288, 121, Tile64),
             (10, 512, 128, Skinny),
             (128, 10, 512, Skinny),
-            (128, 512, 10, Tile128),
+            (128, 512, 10, Skinny),
             (128, 512, 512, Tile128),
             (128, 512, 784, Tile128),
             (512, 512, 128, Tile128),
@@ -547,10 +549,10 @@ mod tests {
     #[test]
     fn the_staged_kernel_is_for_hardware_adapters() {
         use MatMulKernel::*;
-        let pick = |m, n, k, vec4, hardware| rule(m, n, k, &candidates(m, n, vec4, hardware), hardware);
-        assert!(!candidates(4096, 4096, true, false).contains(&Staged));
-        assert!(!candidates(4096, 4096, false, true).contains(&Staged));
-        assert!(candidates(4096, 4096, true, true).contains(&Staged));
+        let pick = |m, n, k, vec4, hardware| rule(m, n, k, &candidates(m, n, k, vec4, hardware), hardware);
+        assert!(!candidates(4096, 4096, 4096, true, false).contains(&Staged));
+        assert!(!candidates(4096, 4096, 4096, false, true).contains(&Staged));
+        assert!(candidates(4096, 4096, 4096, true, true).contains(&Staged));
         assert_eq!(pick(4096, 4096, 4096, true, true), Staged);
         assert_eq!(pick(128, 512, 784, true, true), Staged);
         assert_eq!(pick(4096, 4096, 4096, true, false), Vec4);
