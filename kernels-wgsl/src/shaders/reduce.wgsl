@@ -154,13 +154,14 @@ fn reduced_offset(j: u32) -> u32 {
 }
 
 // Elements start .. end - 1 of the block at `base`, folded in order from
-// the identity (the identity itself when there are none). Along the innermost reduced axis an element
-// steps from the one before by that axis's stride; only the first element
-// and each new innermost row unravel their index (on a software adapter the
-// unravelling cost more than the fold: W2's conv1 bias gradient on
-// SwiftShader, a Sum over [64, 32, 26, 26] keeping axis 1, took 51 ms in
-// its first pass). Every element holds a value, so after the first the
-// accumulator does too and `fold` needs no `combine` around it.
+// the identity (the identity itself when there are none). Along the
+// innermost reduced axis an element steps from the one before by that
+// axis's stride; only the first element and each new innermost row unravel
+// their index (on a software adapter the unravelling cost more than the
+// fold: W2's conv1 bias gradient on SwiftShader, a Sum over
+// [64, 32, 26, 26] keeping axis 1, took 51 ms in its first pass). Every
+// element holds a value, so after the first the accumulator does too and
+// `fold` needs no `combine` around it.
 fn fold_range(base: u32, start: u32, end: u32) -> Acc {
     var len = 1u;
     var step = 0u;
