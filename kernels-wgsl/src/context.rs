@@ -77,12 +77,13 @@ pub struct WgpuOptions {
     /// elements per thread (`main8` of strided.wgsl, `im2col8`,
     /// `backward8`) or one; and whether long reductions fold groups of
     /// leaves a thread without workgroup barriers (`leaf_groups`,
-    /// `serial_parts`) or by workgroup trees. `None` (the default): eight on software adapters,
-    /// whose threads are SIMD lanes of a CPU (there unravelling an index
-    /// costs more than the op: on SwiftShader, the browser's adapter in CI,
-    /// W2's bias Add went 45 -> 21.5 ms and its step 930 -> 690-750 ms),
-    /// one on GPUs (neighbouring threads reading neighbouring elements).
-    /// The same bits either way.
+    /// `serial_parts`) or by workgroup trees. `None` (the default): eight
+    /// and no barriers on software adapters, whose threads are SIMD lanes
+    /// of a CPU (there unravelling an index costs more than the op, and a
+    /// barrier far more: on SwiftShader, the browser's adapter in CI, W2's
+    /// bias Add went 45 -> 21.5 ms and its step 930 -> 690-750 ms), one
+    /// and workgroup trees on GPUs (neighbouring threads reading
+    /// neighbouring elements). The same bits either way.
     pub eight_elements_per_thread: Option<bool>,
 }
 

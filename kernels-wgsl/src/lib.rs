@@ -116,7 +116,8 @@ pub struct WgpuBackend {
     matmul_scratch_bytes: u64,
     /// The matmul kernel chosen per shape class.
     matmul_tuner: kernels::matmul_tune::Tuner,
-    /// Eight elements per thread in the strided kernels (`launch_strided`).
+    /// `WgpuOptions::eight_elements_per_thread` resolved: eight elements per
+    /// thread (`per_thread`) and reductions without workgroup barriers.
     eight_per_thread: bool,
     /// Generated kernels of fused element-wise groups and their plans.
     #[cfg(not(target_arch = "wasm32"))]
@@ -278,8 +279,19 @@ impl WgpuBackend {
         params: &[u32],
         n: usize,
     ) -> Result<()> {
-        let (entry, threads) = if self.eight_per_thread { ("main8", n.div_ceil(8)) } else { ("main", n) };
+        let (entry, threads) = self.per_thread(["main", "main8"], n);
         self.launch(op, kernel, entry, args, params, self.grid_for(op, threads)?)
+    }
+
+    /// The entry point of a kernel with two launches (`[one, eight]`
+    /// elements per thread) that `WgpuOptions::eight_elements_per_thread`
+    /// chose, and the thread count for `n` elements.
+    pub(crate) fn per_thread(&self, [one, eight]: [&'static str; 2], n: usize) -> (&'static str, usize) {
+        if self.eight_per_thread {
+            (eight, n.div_ceil(8))
+        } else {
+            (one, n)
+        }
     }
 
     /// Workgroups for a one-dimensional launch over `n` items, WG per group.

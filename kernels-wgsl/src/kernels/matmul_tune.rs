@@ -123,8 +123,7 @@ impl MatMulKernel {
             #[cfg(not(target_arch = "wasm32"))]
             MatMulKernel::Staged => (n.div_ceil(matmul_staged::TILE), m.div_ceil(matmul_staged::TILE)),
             MatMulKernel::Tile64 => (n.div_ceil(64), m.div_ceil(64)),
-            // Blocks of 4 x 4 outputs (1 x 4 when M < 4): matmul.wgsl's `skinny_rows`.
-            MatMulKernel::Skinny => ((m.div_ceil(if m >= 4 { 4 } else { 1 }) * n.div_ceil(4)).div_ceil(WG as usize), 1),
+            MatMulKernel::Skinny => ((m.div_ceil(skinny_rows(m)) * n.div_ceil(4)).div_ceil(WG as usize), 1),
             MatMulKernel::Vec4 => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TILE_M)),
             MatMulKernel::Vec4Tall => (n.div_ceil(matmul_vec4::TILE_N), m.div_ceil(matmul_vec4::TALL_TILE_M)),
         }
@@ -302,14 +301,24 @@ impl Tuner {
     }
 }
 
+/// Rows of a skinny thread's block of outputs (4 x 4, or 1 x 4 when M < 4):
+/// matmul.wgsl's `skinny_rows`.
+fn skinny_rows(m: usize) -> usize {
+    if m >= 4 {
+        4
+    } else {
+        1
+    }
+}
+
 /// Whether the vec4 kernels take the product with parameters `p`.
 fn vec4_takes(p: &MatMul) -> bool {
     matmul_vec4::fits(p)
 }
 
 /// The kernels worth trying for an m x n x k product: the skinny kernel only
-/// when M or N is small or K is (its 4 x 4 blocks need no 16-deep slab), the 128 tile only when it would not be mostly
-/// padding, the vec4 kernel when it takes the product (`vec4`), and then
+/// when M or N is small or K is (its 4 x 4 blocks need no 16-deep slab),
+/// the 128 tile only when it would not be mostly padding, the vec4 kernel when it takes the product (`vec4`), and then
 /// its tall variant (natively from 256 rows, its 64-row tile mostly full) and,
 /// natively on a hardware adapter, the staged kernel when the 128 tile is a
 /// candidate.
@@ -342,8 +351,8 @@ fn candidates(m: usize, n: usize, k: usize, vec4: bool, hardware: bool) -> Vec<M
 /// and the pick a measured candidate must beat by 10 %: the skinny kernel
 /// when M or N is at most 16, or when K is at most 16 (a 16-deep slab of the
 /// tiled kernels would be mostly padding: W1's 128 x 512 x 10 product took
-/// 10.7 ms by the 128 tile on SwiftShader, 1.4 ms by skinny 4 x 4 blocks); the 128 tile when both sides fill
-/// most of it; the 64 tile otherwise. Fitted to the tuner's measured picks
+/// 10.7 ms by the 128 tile on SwiftShader, 1.4 ms by skinny 4 x 4 blocks);
+/// the 128 tile when both sides fill most of it; the 64 tile otherwise. Fitted to the tuner's measured picks
 /// on lavapipe for all 20 product classes of W1, W2 and W4 (2026-12-01):
 /// the earlier rule (128 tiles only from 256 x 256, a thread per output only
 /// up to 8) disagreed on 9 of them and made W2 2.2x slower there.

@@ -46,12 +46,12 @@ pub(crate) fn max_pool2d(
 /// which lavapipe silently stops a shader.
 const EIGHT_WINDOW: usize = 1024;
 
-/// `backward8` (eight pixels a thread) on software adapters
-/// (`WgpuOptions::eight_elements_per_thread`) when windows are small
-/// enough, `backward` otherwise; with the thread count for `n` pixels.
+/// `backward` or `backward8` as `WgpuBackend::per_thread` chooses, but
+/// `backward` for windows over EIGHT_WINDOW; with the thread count for `n`
+/// pixels.
 fn backward_entry(be: &WgpuBackend, window: usize, n: usize) -> (&'static str, usize) {
-    if be.eight_per_thread && window <= EIGHT_WINDOW {
-        ("backward8", n.div_ceil(8))
+    if window <= EIGHT_WINDOW {
+        be.per_thread(["backward", "backward8"], n)
     } else {
         ("backward", n)
     }

@@ -85,7 +85,7 @@ pub(crate) fn im2col(be: &WgpuBackend, window: &Window2d, [x]: &[TensorRef<'_>; 
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
     if folded {
         let params = Folded { window: params, batch: word(OP, d[0])? };
-        let (entry, threads) = if be.eight_per_thread { ("im2col8", n.div_ceil(8)) } else { ("im2col", n) };
+        let (entry, threads) = be.per_thread(["im2col", "im2col8"], n);
         return be.launch(OP, Kernel::WindowFolded(t), entry, &args, words(&params), be.grid_for(OP, threads)?);
     }
     be.launch(OP, Kernel::Window(t), "im2col", &args, words(&params), be.grid_for(OP, n)?)
