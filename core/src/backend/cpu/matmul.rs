@@ -379,11 +379,35 @@ impl Blocked {
 /// Whether b is stored column by column (a transposed weight, x·Wᵀ) with a
 /// column stride of a multiple of 1 KiB: gemm packs b by reading across
 /// columns, and with such a stride every read of a panel falls into the
-/// same few L1 sets (measured: 128×512×512 with W [512, 512] transposed
-/// ran at 0.55× the speed of the same product from a row-major copy).
+/// same few L1 sets.
 fn aliasing_columns<T>(b: &Mat) -> bool {
     b.rs == 1 && b.cols > 1 && (b.cs * std::mem::size_of::<T>()) % 1024 == 0
 }
+
+/// Whether aliasing columns are copied row-major before gemm reads them
+/// (`gemm_columns`). Only where gemm's micro-kernels are AVX-512's, whose
+/// wider panels read more columns at once: on a Zen 4 (AVX-512), 128×512×512
+/// with W [512, 512] transposed ran at 0.55× the speed of the same product
+/// from a row-major copy, and the copy won. On a Zen 3 (AVX2, 2026-12-07,
+/// 2 threads, best of 300, four interleaved rounds) reading the columns in
+/// place was the faster: 411–512 µs against 510–648 µs with the copy,
+/// level with the same product from W stored row-major (398–517 µs); the
+/// GPT's 768×128×512 (W [128, 512] transposed) 582–757 against 635–811 µs.
+/// Either way the same packed values, so the same bits.
+fn copies_aliasing_columns() -> bool {
+    #[cfg(test)]
+    match COPY_ALIASING.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => return false,
+        2 => return true,
+        _ => {}
+    }
+    super::simd::has_avx512()
+}
+
+/// Tests force `copies_aliasing_columns` (0: by the CPU, 1: never, 2:
+/// always) to check that both ways give the same bits on any machine.
+#[cfg(test)]
+static COPY_ALIASING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Columns j0..j0 + cols of b as a row-major [b.rows, cols] copy, read a
 /// few columns at a time (each cache line of b used while it is in L1).
@@ -404,9 +428,11 @@ fn columns_row_major<T: Float>(b: &Mat, rhs: &[T], j0: usize, cols: usize) -> Ve
 }
 
 /// `gemm_block`, reading a row-major copy of b's columns when they alias
-/// (`aliasing_columns`: same values, so the same packed panels and bits).
-/// Used by every column block and by a product of one block (the GPT's
-/// x·Wᵀ with W [128, 512]: 0.65 -> 0.51 ms for 768x512x128 on 2 threads).
+/// and the CPU gains by the copy (`aliasing_columns`,
+/// `copies_aliasing_columns`: same values, so the same packed panels and
+/// bits). Used by every column block and by a product of one block (the
+/// GPT's x·Wᵀ with W [128, 512]: 0.65 -> 0.51 ms for 768x512x128 on 2
+/// threads of a Zen 4).
 ///
 /// # Safety
 /// As `gemm_block`, with rhs spanning b.span() elements.
@@ -422,7 +448,7 @@ unsafe fn gemm_columns<T: Float>(
     cols: usize,
     par: Parallelism,
 ) {
-    if aliasing_columns::<T>(b) {
+    if aliasing_columns::<T>(b) && copies_aliasing_columns() {
         let copy = columns_row_major(b, rhs, j0, cols);
         let bc = Mat { rows: b.rows, cols, rs: cols, cs: 1 };
         // SAFETY: copy spans bc.span() = k·cols; the destination is columns
@@ -565,11 +591,21 @@ mod tests {
     }
 
     /// x·Wᵀ with W's rows a multiple of 1 KiB long (`aliasing_columns`):
-    /// gemm reads a row-major copy of the columns, in one block (n < 256)
-    /// and in column blocks. Right values (f64 against the naive product)
+    /// gemm reads the columns in place or from a row-major copy, in one
+    /// block (n < 256) and in column blocks. Right values (f64 against the naive product)
     /// and, in f32, the bits of the same product from Wᵀ stored row-major.
     #[test]
     fn transposed_weights_with_aliasing_rows() {
+        // Copied and read in place (`copies_aliasing_columns`), whichever
+        // this CPU would pick: both must give these bits.
+        for copy in [1, 2] {
+            super::COPY_ALIASING.store(copy, std::sync::atomic::Ordering::Relaxed);
+            transposed_weights_give_the_bits_of_a_row_major_copy();
+        }
+        super::COPY_ALIASING.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn transposed_weights_give_the_bits_of_a_row_major_copy() {
         for (m, k, n) in [(96, 256, 128), (64, 512, 512)] {
             check(false, true, &[m, k], &[n, k]);
             let x = rand_f32(m * k, 5);
@@ -677,7 +713,7 @@ mod tests {
             (true, false, [128, 512], [128, 784], [512, 784]),
             (false, false, [128, 512], [512, 512], [128, 512]),
             // W [512, 512] transposed: its 2 KiB column stride takes the
-            // row-major copy (`aliasing_columns`).
+            // row-major copy on AVX-512 CPUs (`copies_aliasing_columns`).
             (false, true, [128, 512], [512, 512], [128, 512]),
         ] {
             assert!(super::column_blocks(od[0], od[1], if ta { ad[0] } else { ad[1] }) > 1);

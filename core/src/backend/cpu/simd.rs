@@ -81,6 +81,15 @@ mod x86 {
     }
 }
 
+/// Whether this CPU runs kiln's loops, and the `gemm` crate its
+/// micro-kernels (built with its `x86-v4` feature), with AVX-512.
+pub(crate) fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::level() == 3;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Run `k` with the widest vectors this CPU has.
 #[inline(always)]
 pub(crate) fn dispatch<K: Kernel>(k: K) -> K::Output {
