@@ -32,9 +32,6 @@ use crate::shape::AxisSet;
 /// leaves, the unit `reduce::fold_contiguous` folds in lockstep.
 const SPAN: usize = LANES * LEAF;
 
-/// The fewest columns a task of a `Columns` layout folds (see `run`).
-const MIN_WIDTH: usize = 256;
-
 /// Where each output's elements lie in the group's value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Layout {
@@ -209,17 +206,11 @@ fn run<T: Num, F: Fn(T, T) -> T + Copy + Sync + Send>(
             let v = long_columns(ctx, cols, block, leaf);
             out.copy_from_slice(&v);
         }
-        // Tasks take at least MIN_WIDTH columns: a task narrower than the
-        // row evaluates a span per row of its columns, and each span costs a
-        // fixed setup (its outputs, one gather and copy per input and kept
-        // value) that narrow spans do not repay.
-        Layout::Columns { block, cols } => {
-            super::super::layout::for_chunks_weighted(out, MIN_WIDTH.min(cols), weight(block), |s, c| {
-                let mut w = ctx.work(column_span(cols, c.len()));
-                let v = columns(ctx, &mut w, cols, s..s + c.len(), 0..block, leaf);
-                c.copy_from_slice(&v);
-            })
-        }
+        Layout::Columns { block, cols } => super::super::layout::for_chunks_weighted(out, 1, weight(block), |s, c| {
+            let mut w = ctx.work(column_span(cols, c.len()));
+            let v = columns(ctx, &mut w, cols, s..s + c.len(), 0..block, leaf);
+            c.copy_from_slice(&v);
+        }),
     }
 }
 
