@@ -592,8 +592,9 @@ mod tests {
 
     /// x·Wᵀ with W's rows a multiple of 1 KiB long (`aliasing_columns`):
     /// gemm reads the columns in place or from a row-major copy, in one
-    /// block (n < 256) and in column blocks. Right values (f64 against the naive product)
-    /// and, in f32, the bits of the same product from Wᵀ stored row-major.
+    /// block (n < 256) and in column blocks. Right values (f64 against the
+    /// naive product) and, in f32, the bits of the same product from Wᵀ
+    /// stored row-major.
     #[test]
     fn transposed_weights_with_aliasing_rows() {
         // Copied and read in place (`copies_aliasing_columns`), whichever
