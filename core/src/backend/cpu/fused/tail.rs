@@ -112,8 +112,8 @@ struct Ctx<'a, 'i, T> {
     plan: &'a Plan,
     inputs: &'a [InSlice<'i, T>],
     shared: &'a [Shared<T>],
-    /// The T-tile holding the reduced value.
-    src: usize,
+    /// Where the reduced value is: a T-tile, or its kept output.
+    src: super::Loc,
 }
 
 /// A task's tiles and the scratch its spans' reduced values go to.
