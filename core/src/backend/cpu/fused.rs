@@ -19,6 +19,7 @@
 
 use crate::small::SmallVec;
 
+use super::copy::copy;
 use super::layout::broadcast_to;
 use super::scalar::Scalar;
 use super::{with_float, with_num, CpuBackend, CpuStorage};
@@ -727,30 +728,10 @@ fn eval_range<T: Scalar + Value>(
         }
         if let Some((loc, dst)) = capture.as_mut() {
             let value = t_src(&t.view(), inputs, outs, *loc, Span { s, local, len });
-            copy_tile(&mut dst[local..local + len], value);
+            copy(&mut dst[local..local + len], value);
         }
         s += len;
     }
-}
-
-/// `dst.copy_from_slice(src)` in pieces of 64 elements. A tile of f32 is
-/// 4 KiB, the size from which glibc's memcpy (AVX2) switches to
-/// `rep movsb`, and in the tile loop above that ran several times slower
-/// than vector moves: on a Zen 3, W1's fused [Where, Sum] took 187–192 µs
-/// a call with `rep movsb` and 50–52 µs without it (GLIBC_TUNABLES'
-/// `x86_rep_movsb_threshold` raised, same binary), the two unfused kernels
-/// ~72 µs. A fixed-size piece is copied with vector moves.
-#[inline(always)]
-fn copy_tile<V: Copy>(dst: &mut [V], src: &[V]) {
-    const PIECE: usize = 64;
-    assert_eq!(dst.len(), src.len(), "copy_tile: lengths differ");
-    let mut to = dst.chunks_exact_mut(PIECE);
-    let mut from = src.chunks_exact(PIECE);
-    for (d, s) in (&mut to).zip(&mut from) {
-        let d: &mut [V; PIECE] = d.try_into().expect("chunks_exact gives whole pieces");
-        *d = *<&[V; PIECE]>::try_from(s).expect("chunks_exact gives whole pieces");
-    }
-    to.into_remainder().copy_from_slice(from.remainder());
 }
 
 /// A chunk's tiles of one element type, in one allocation.
@@ -837,7 +818,7 @@ fn gather<V: Copy>(x: &[V], strides: &[usize], dims: &[usize], s: usize, out: &m
         let dst = &mut out[done..done + run];
         match step {
             0 => dst.fill(x[off]),
-            1 => copy_tile(dst, &x[off..off + run]),
+            1 => copy(dst, &x[off..off + run]),
             _ => {
                 for (j, o) in dst.iter_mut().enumerate() {
                     *o = x[off + j * step];
@@ -1015,25 +996,8 @@ fn b_src<'r, T: Copy>(
 
 #[cfg(test)]
 mod tests {
-    use super::{collapse, copy_tile, gather};
+    use super::{collapse, gather};
     use crate::shape::Dims;
-
-    /// Whole pieces, a remainder, both and neither, for a 4- and a 1-byte
-    /// element type: every element copied, nothing past the end written.
-    #[test]
-    fn copy_tile_copies_every_element() {
-        for n in [0usize, 1, 63, 64, 65, 127, 128, 1000, 1024] {
-            let src: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
-            let mut dst = vec![-1.0f32; n + 3];
-            copy_tile(&mut dst[..n], &src);
-            assert_eq!(&dst[..n], &src[..], "{n} f32");
-            assert_eq!(&dst[n..], &[-1.0; 3], "{n} f32: written past the end");
-            let bytes: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
-            let mut out = vec![255u8; n];
-            copy_tile(&mut out, &bytes);
-            assert_eq!(out, bytes, "{n} bytes");
-        }
-    }
 
     /// `gather` against the flat index arithmetic it replaces, for
     /// broadcast (stride 0), contiguous and permuted reads, from starts in

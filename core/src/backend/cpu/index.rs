@@ -1,6 +1,7 @@
 //! Gather and scatter along one axis: IndexSelect and ScatterAdd. Index
 //! values are data, so their range is checked here and reported as errors.
 
+use super::copy::copy;
 use super::layout::for_chunks;
 use super::reduce::{Tree, LEAF};
 use super::scalar::{Num, Scalar};
@@ -58,7 +59,7 @@ fn gather_rows<T: Scalar>(src: &[T], ix: &[i32], size: usize, inner: usize, out:
             let base = (s / row + r) * size * inner;
             for (dst, &i) in orow.chunks_exact_mut(inner).zip(ix) {
                 let at = base + i as usize * inner;
-                dst.copy_from_slice(&src[at..at + inner]);
+                copy(dst, &src[at..at + inner]);
             }
         }
     });
@@ -122,7 +123,7 @@ fn scatter_rows<T: Num>(dest: &[T], ix: &[i32], src: &[T], size: usize, inner: u
         a
     };
     for_chunks(out, row, |s, c| {
-        c.copy_from_slice(&dest[s..s + c.len()]);
+        copy(c, &dest[s..s + c.len()]);
         for (r, orow) in c.chunks_exact_mut(row).enumerate() {
             let base = (s / row + r) * srow;
             for k in 0..size {

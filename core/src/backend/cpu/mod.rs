@@ -10,6 +10,7 @@
 
 #[cfg(feature = "rayon")]
 mod concurrent;
+mod copy;
 mod custom;
 mod elementwise;
 #[cfg(feature = "fusion")]
@@ -593,10 +594,10 @@ impl Backend for CpuBackend {
                 ));
             }
             match (s, &mut d) {
-                (CpuStorage::F32(s), CpuStorage::F32(d)) => d[..len].copy_from_slice(&s[..len]),
-                (CpuStorage::F64(s), CpuStorage::F64(d)) => d[..len].copy_from_slice(&s[..len]),
-                (CpuStorage::I32(s), CpuStorage::I32(d)) => d[..len].copy_from_slice(&s[..len]),
-                (CpuStorage::Bool(s), CpuStorage::Bool(d)) => d[..len].copy_from_slice(&s[..len]),
+                (CpuStorage::F32(s), CpuStorage::F32(d)) => copy::copy(&mut d[..len], &s[..len]),
+                (CpuStorage::F64(s), CpuStorage::F64(d)) => copy::copy(&mut d[..len], &s[..len]),
+                (CpuStorage::I32(s), CpuStorage::I32(d)) => copy::copy(&mut d[..len], &s[..len]),
+                (CpuStorage::Bool(s), CpuStorage::Bool(d)) => copy::copy(&mut d[..len], &s[..len]),
                 _ => unreachable!("dtypes checked above"),
             }
             Ok(())

@@ -1,6 +1,7 @@
 //! Data movement: Reshape, Permute, Expand, Slice, SliceBackward, Concat.
 //! Permute, Expand and Slice are one strided gather with different strides.
 
+use super::copy::copy;
 use super::layout::{broadcast_to, for_chunks, Strided};
 use super::scalar::Scalar;
 use super::{with_any, In, Out};
@@ -16,7 +17,7 @@ pub(super) fn reshape([x]: &[In<'_>; 1], out: &mut Out<'_>) -> Result<()> {
     }
     with_any!(out.dtype, T => {
         let src = x.slice::<T>(OP)?;
-        for_chunks(out.slice::<T>(OP)?, 1, |s, c| c.copy_from_slice(&src[s..s + c.len()]));
+        for_chunks(out.slice::<T>(OP)?, 1, |s, c| copy(c, &src[s..s + c.len()]));
         Ok(())
     })
 }
@@ -27,7 +28,7 @@ fn gather<T: Scalar>(x: &[T], base: usize, strides: &[usize], od: &[usize], out:
     let st = Strided::<1>::new(od, [strides], [base]);
     let [is] = st.inner_strides;
     st.fill(out, |row, [o]| match is {
-        1 => row.copy_from_slice(&x[o..o + row.len()]),
+        1 => copy(row, &x[o..o + row.len()]),
         0 => row.fill(x[o]),
         _ => {
             for (j, v) in row.iter_mut().enumerate() {
@@ -83,7 +84,7 @@ pub(super) fn slice_backward(spec: &SliceAttr, [g]: &[In<'_>; 1], out: &mut Out<
         st.for_rows(0, st.rows(), |r, [o]| {
             let row = &src[r * inner..(r + 1) * inner];
             if is == 1 {
-                dst[o..o + inner].copy_from_slice(row);
+                copy(&mut dst[o..o + inner], row);
             } else {
                 for (j, &v) in row.iter().enumerate() {
                     dst[o + j * is] = v;
@@ -114,7 +115,7 @@ pub(super) fn concat(axis: usize, ins: &[In<'_>], out: &mut Out<'_>) -> Result<(
                 let outer = s / row + r;
                 let mut at = 0;
                 for &(src, len) in &srcs {
-                    orow[at..at + len].copy_from_slice(&src[outer * len..(outer + 1) * len]);
+                    copy(&mut orow[at..at + len], &src[outer * len..(outer + 1) * len]);
                     at += len;
                 }
             }
