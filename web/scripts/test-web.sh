@@ -31,7 +31,12 @@ if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/binaryen ] || [ 
   npm ci --no-audit --no-fund
 fi
 
+# The native half of the parity test compiles while build.mjs runs: its
+# wasm-opt passes use one core for about two minutes.
+cargo build --quiet --release -p kiln-web --example parity &
+parity_build=$!
 node scripts/build.mjs --pack
+wait "$parity_build"
 # Portable numerics: the wasm's std math must be the libm crate's source.
 ./scripts/check-libm.sh
 mkdir -p test-output
