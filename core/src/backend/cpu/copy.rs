@@ -9,22 +9,30 @@
 //! `copy`, whose fixed-size pieces compile to vector moves.
 
 /// Elements per piece: 256 bytes of f32, a size compilers copy inline.
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 const PIECE: usize = 64;
 
-/// `dst.copy_from_slice(src)`, in pieces of `PIECE` elements.
+/// `dst.copy_from_slice(src)`, in pieces of `PIECE` elements on x86 (the
+/// `rep movsb` above); elsewhere the library copy itself (in the browser
+/// build, one `memory.copy`, and no unrolled copies in the download).
 ///
 /// # Panics
 /// When the lengths differ, as `copy_from_slice` does.
 #[inline(always)]
 pub(super) fn copy<V: Copy>(dst: &mut [V], src: &[V]) {
     assert_eq!(dst.len(), src.len(), "copy: lengths differ");
-    let mut to = dst.chunks_exact_mut(PIECE);
-    let mut from = src.chunks_exact(PIECE);
-    for (d, s) in (&mut to).zip(&mut from) {
-        let d: &mut [V; PIECE] = d.try_into().expect("chunks_exact gives whole pieces");
-        *d = *<&[V; PIECE]>::try_from(s).expect("chunks_exact gives whole pieces");
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        let mut to = dst.chunks_exact_mut(PIECE);
+        let mut from = src.chunks_exact(PIECE);
+        for (d, s) in (&mut to).zip(&mut from) {
+            let d: &mut [V; PIECE] = d.try_into().expect("chunks_exact gives whole pieces");
+            *d = *<&[V; PIECE]>::try_from(s).expect("chunks_exact gives whole pieces");
+        }
+        to.into_remainder().copy_from_slice(from.remainder());
     }
-    to.into_remainder().copy_from_slice(from.remainder());
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+    dst.copy_from_slice(src);
 }
 
 #[cfg(test)]
