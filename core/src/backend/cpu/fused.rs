@@ -865,9 +865,6 @@ fn run_step<T: Scalar + Value>(
     span: Span,
 ) {
     let Span { local, len, .. } = span;
-    if let Kind::Const(_) = step.kind {
-        return;
-    }
     // The kept output this step writes leaves `outs` while it runs (the
     // operands never name it: a value is computed after its operands).
     let mut taken = match step.dst {
