@@ -105,6 +105,11 @@ fn window_arithmetic_is_checked() {
     let image = graph.zeros(&[1, 1, 5, 5], DType::F32).unwrap();
     let pooled = image.max_pool2d([3, 3], [u32::MAX as usize, 2], [1, 1], [1, 1], true).unwrap();
     assert_eq!(pooled.dims().as_slice(), &[1, 1, 1, 3]);
+    // Sizes past u32 are refused as too large, zeros as not positive.
+    let err = kiln::Window2d::new([u32::MAX as usize + 1, 3], [1, 1], [0, 0], [1, 1]).unwrap_err();
+    check(err, ErrorKind::InvalidArgument, "Window2d", &["kernel", "too large"]);
+    let err = kiln::Window2d::new([3, 3], [0, 1], [0, 0], [1, 1]).unwrap_err();
+    check(err, ErrorKind::InvalidArgument, "Window2d", &["stride", "must be positive"]);
 }
 
 /// Out-of-memory errors: kind Backend, the op, and the bytes asked for.
