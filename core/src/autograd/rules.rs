@@ -74,7 +74,7 @@ pub(crate) fn input_gradients<'g>(
                 UnaryOp::Erf => one(g.mul(x.square()?.neg()?.exp()?.mul(two_over_sqrt_pi)?)),
                 UnaryOp::Erfc => one(g.mul(x.square()?.neg()?.exp()?.mul(-two_over_sqrt_pi)?)),
                 UnaryOp::Log1p => one(g.div(x.add(1.0)?)),
-                UnaryOp::Expm1 => one(g.mul(y.add(1.0)?)),
+                UnaryOp::Expm1 => one(g.mul(x.exp()?)),
                 UnaryOp::Softsign => one(g.div(x.abs()?.add(1.0)?.square()?)),
                 UnaryOp::Gelu => one(g.mul(x.gelu_derivative()?)),
                 // d/dx (Φ + xφ) = 2φ + xφ' = φ · (2 − x²).
@@ -95,9 +95,20 @@ pub(crate) fn input_gradients<'g>(
                 (BinaryOp::Mul, 0) => g.mul(bb),
                 (BinaryOp::Mul, _) => g.mul(a),
                 (BinaryOp::Div, 0) => g.div(bb),
-                (BinaryOp::Div, _) => g.mul(a)?.div(bb.square()?)?.neg(),
-                (BinaryOp::Pow, 0) => g.mul(bb)?.mul(a.pow(bb.sub(1.0)?)?),
-                (BinaryOp::Pow, _) => g.mul(y)?.mul(a.log()?),
+                // −g · (a/b)/b, not −g·a/b²: b² overflows (b = 1e30 in f32)
+                // or underflows to 0 (b = 1e-30, and 0/0 is NaN) where the
+                // gradient itself is finite (PyTorch divides twice too).
+                (BinaryOp::Div, _) => g.mul(a.div(bb)?.div(bb)?)?.neg(),
+                // As PyTorch: a zero exponent has a zero gradient for a
+                // (not 0 · 0^-1 = NaN at a = 0), and a zero base with a
+                // non-negative exponent has a zero gradient for b (not
+                // 0 · log 0 = NaN, or 1 · log 0 = −inf at 0^0): a zero in a
+                // pow must not poison the whole backward pass.
+                (BinaryOp::Pow, 0) => bb.eq(0.0)?.where_(zero()?, g.mul(bb)?.mul(a.pow(bb.sub(1.0)?)?)?),
+                (BinaryOp::Pow, _) => {
+                    let grad = g.mul(y)?.mul(a.log()?)?;
+                    a.eq(0.0)?.where_(bb.ge(0.0)?.where_(zero()?, grad)?, grad)
+                }
                 // Ties go to the first operand (stated in the docs, tested).
                 (BinaryOp::Maximum, 0) => a.ge(bb)?.where_(g, zero()?),
                 (BinaryOp::Maximum, _) => a.lt(bb)?.where_(g, zero()?),

@@ -298,7 +298,7 @@ macro_rules! float_unary {
             // that both agree bit for bit).
             UnaryOp::Gelu => {
                 let two_phi = $($m)::+::erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t) + 1.0;
-                (two_phi * x) * 0.5
+                (x * 0.5) * two_phi
             }
             UnaryOp::GeluDerivative => {
                 let two_phi = $($m)::+::erf(x * std::f64::consts::FRAC_1_SQRT_2 as $t) + 1.0;

@@ -202,9 +202,10 @@ const TWO_PHI: Expr = Expr::Binary(
     &Expr::Const(1.0),
 );
 
-/// ((erf(x/√2) + 1) · x) · 0.5: the order `Tensor::gelu` composed it in
-/// before it became one op, so its values did not change.
-const GELU: Expr = Expr::Binary(BinaryOp::Mul, &Expr::Binary(BinaryOp::Mul, &TWO_PHI, arg(0)), &Expr::Const(0.5));
+/// (x · 0.5) · (erf(x/√2) + 1). Halving first keeps GELU(x) = x for the
+/// largest floats, where (erf + 1) · x overflowed to inf; halving is exact
+/// in the normal range, so other values keep their bits.
+const GELU: Expr = Expr::Binary(BinaryOp::Mul, &Expr::Binary(BinaryOp::Mul, arg(0), &Expr::Const(0.5)), &TWO_PHI);
 
 /// 1/√(2π), the standard normal density at 0.
 pub(crate) const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
@@ -370,7 +371,7 @@ impl Op {
                      input if a zero gradient is intended",
                 ),
                 UnaryOp::Log1p => unary("Log1p", u, D::FLOAT, x, DEAR, Domain::Interval(-0.5, 2.0)),
-                UnaryOp::Expm1 => unary("Expm1", u, D::FLOAT, y, DEAR, ANYWHERE),
+                UnaryOp::Expm1 => unary("Expm1", u, D::FLOAT, x, DEAR, ANYWHERE),
                 UnaryOp::Softsign => composed("Softsign", SOFTSIGN, D::FLOAT, x, CHEAP, Domain::AwayFromZero(0.2, 2.0)),
                 UnaryOp::Gelu => composed("Gelu", GELU, D::FLOAT, x, DEAR, ANYWHERE),
                 UnaryOp::GeluDerivative => composed("GeluDerivative", GELU_DERIVATIVE, D::FLOAT, x, DEAR, ANYWHERE),

@@ -145,15 +145,18 @@ impl<'g> Tensor<'g> {
         if !alpha.is_finite() {
             return Err(Error::invalid("elu", format!("alpha {alpha} must be finite")));
         }
-        // exp of min(x, 0): the branch where() discards never overflows, so
-        // its zero gradient is never 0 · inf.
-        let negative = self.minimum(0.0)?.exp()?.sub(1.0)?.mul(alpha)?;
+        // expm1 of min(x, 0): the branch where() discards never overflows,
+        // so its zero gradient is never 0 · inf; and expm1, not exp − 1,
+        // which would give 0 for x = −1e-8 in f32 (the value is ≈ x there).
+        let negative = self.minimum(0.0)?.expm1()?.mul(alpha)?;
         self.gt(0.0)?.where_(self, negative)
     }
 
     /// Softplus: log(1 + exp(beta·x)) / beta, computed as
-    /// max(z, 0) + log(1 + exp(−|z|)) with z = beta·x, so that it neither
-    /// overflows nor loses the gradient at 0 (which is exactly 1/2).
+    /// max(x, 0) + log1p(exp(−|z|)) / beta with z = beta·x, so that it
+    /// neither overflows (not even beta·x) nor loses the small values
+    /// (log1p: ≈ exp(−|z|) where 1 + exp(−|z|) rounds to 1), nor the
+    /// gradient at 0 (which is exactly 1/2).
     #[track_caller]
     pub fn softplus(self, beta: f64) -> Result<Tensor<'g>> {
         self.require_float("softplus")?;
@@ -161,17 +164,13 @@ impl<'g> Tensor<'g> {
             return Err(Error::invalid("softplus", format!("beta {beta} must be positive and finite")));
         }
         let z = if beta == 1.0 { self } else { self.mul(beta)? };
-        let positive = z.gt(0.0)?;
-        // -|z| and max(z, 0) written with where(), whose branch gradients
+        let positive = self.gt(0.0)?;
+        // -|z| and max(x, 0) written with where(), whose branch gradients
         // are exact (abs/maximum would send the whole gradient one way at 0).
         let minus_abs = positive.where_(z.neg()?, z)?;
-        let relu = positive.where_(z, 0.0)?;
-        let out = relu.add(minus_abs.exp()?.add(1.0)?.log()?)?;
-        if beta == 1.0 {
-            Ok(out)
-        } else {
-            out.div(beta)
-        }
+        let relu = positive.where_(self, 0.0)?;
+        let tail = minus_abs.exp()?.log1p()?;
+        relu.add(if beta == 1.0 { tail } else { tail.div(beta)? })
     }
 
     /// Mish: x · tanh(softplus(x)).
