@@ -66,12 +66,17 @@ fn expm1_gradient(device: &Device, tol: f64) {
     assert_rel("expm1 gradient", &grad_of(&x), &[(-20f64).exp(), (-5f64).exp(), 3f64.exp()], tol);
 }
 
-/// GELU of the largest float is itself, not inf; tanh of a tiny value is
-/// that value.
+/// GELU of the largest float is itself, not inf; log near 1 and tanh of a
+/// tiny value keep their digits.
 fn gelu_and_tanh(device: &Device, tol: f64) {
     let graph = Graph::new(device);
     let y = graph.tensor_from(&f32s(&[BIG, -BIG, 1.0]), &[3]).unwrap().gelu().unwrap();
     assert_rel("gelu", &values(&y), &[BIG, 0.0, 0.841_344_746_068_543], tol);
+    // Log near 1 (Vulkan lets the builtin be off by 2^-21 absolute there).
+    let xs = [1.0 - 2f64.powi(-23), 1.0 + 2f64.powi(-22), 0.5, 3.0, 1e-30];
+    let y = graph.tensor_from(&f32s(&xs), &[5]).unwrap().log().unwrap();
+    let want: Vec<f64> = xs.iter().map(|&v: &f64| (v as f32 as f64).ln()).collect();
+    assert_rel("log", &values(&y), &want, tol);
     let xs = [2e-9, -3e-6, 0.01, 0.3, -2.0];
     let y = graph.tensor_from(&f32s(&xs), &[5]).unwrap().tanh().unwrap();
     let want: Vec<f64> = xs.iter().map(|&v: &f64| (v as f32 as f64).tanh()).collect();

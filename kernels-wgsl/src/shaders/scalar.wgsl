@@ -34,7 +34,13 @@ fn exp_f32(v: f32) -> f32 {
     return exp(v);
 }
 
+// Positive normal values through ln_f32 (< 1 ulp): the builtin may be off
+// by 2^-21 absolute near 1 (log(1 - 2^-23) came out 13 % low on lavapipe).
+// Zero, negative, subnormal, inf and NaN keep the builtin's answers.
 fn log_f32(v: f32) -> f32 {
+    if (v >= 1.17549435e-38 && bitcast<u32>(v) < 0x7f800000u) {
+        return ln_f32(v);
+    }
     return log(v);
 }
 
