@@ -179,6 +179,10 @@ pub fn op_case(name: &str) -> Option<Case> {
             vec![input(&ramp(15, -0.9, 0.13), &[3, 5]), input(&ramp(15, -0.7, 0.1), &[3, 5])],
             |_, x| x[0].layer_norm_backward(x[1], 1e-5),
         ),
+        // Both directions, inclusive and exclusive, along either axis.
+        "CumSum" => case("CumSum", vec![mat(3, 4)], |_, x| {
+            x[0].cumsum(1, true, true)?.add(x[0].cumsum(0, false, false)?)?.mul(x[0])
+        }),
         _ => None,
     }
 }

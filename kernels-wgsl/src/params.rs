@@ -179,6 +179,17 @@ pub struct Random {
     pub keys: [u32; 2],
 }
 
+/// scan.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Scan {
+    pub lines: u32,
+    pub len: u32,
+    pub inner: u32,
+    /// Bit 0: exclusive; bit 1: reverse.
+    pub flags: u32,
+}
+
 /// rowwise.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -270,6 +281,7 @@ mod tests {
             layout!(Folded { window, batch }),
             layout!(Random { n, keys }),
             layout!(Rowwise { rows, l, s, diagonal, groups, parts }),
+            layout!(Scan { lines, len, inner, flags }),
             layout!(Norm { rows, n, eps }),
         ]
     }

@@ -54,9 +54,10 @@ pub const ROWWISE: &str = wgsl_file!("shaders/rowwise.wgsl");
 pub const NORM: &str = wgsl_file!("shaders/norm.wgsl");
 pub const TRIG: &str = wgsl_file!("shaders/trig.wgsl");
 pub const STRIDED: &str = wgsl_file!("shaders/strided.wgsl");
+pub const SCAN: &str = wgsl_file!("shaders/scan.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 23] = [
+pub const FILES: [(&str, &str); 24] = [
     ("common.wgsl", COMMON),
     ("scalar.wgsl", SCALAR),
     ("fill.wgsl", FILL),
@@ -80,6 +81,7 @@ pub const FILES: [(&str, &str); 23] = [
     ("norm.wgsl", NORM),
     ("trig.wgsl", TRIG),
     ("strided.wgsl", STRIDED),
+    ("scan.wgsl", SCAN),
 ];
 
 /// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
@@ -168,6 +170,8 @@ pub enum Kernel {
     Random,
     /// rowwise.wgsl (CausalSoftmax, f32).
     Rowwise,
+    /// scan.wgsl (CumSum) with the given element type (f32, i32).
+    Scan(Ty),
     /// norm.wgsl (LayerNorm and its backward, f32; native only: the
     /// browser build composes layer norm).
     #[cfg(not(target_arch = "wasm32"))]
@@ -301,6 +305,8 @@ impl Kernel {
             Kernel::Pool => POOL.to_string(),
             Kernel::Random => RANDOM.to_string(),
             Kernel::Rowwise => ROWWISE.to_string(),
+            Kernel::Scan(Ty::U32) => return None, // no bool CumSum (nor on the CPU)
+            Kernel::Scan(t) => specialise(SCAN, &[alias("T", t)]),
             #[cfg(not(target_arch = "wasm32"))]
             Kernel::Norm => NORM.to_string(),
             Kernel::Custom(_) => unreachable!("handled above"),
@@ -558,6 +564,7 @@ pub fn all_kernels() -> Vec<Kernel> {
         v.push(Kernel::Fill(t));
         v.push(Kernel::Where(t));
         v.push(Kernel::Index(t));
+        v.push(Kernel::Scan(t));
         for to in Ty::ALL {
             v.push(Kernel::Cast(t, to));
         }
@@ -776,12 +783,13 @@ mod tests {
         // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
         // copy, update (scalar and vec4); window and folded window x 2
         // types (f32, i32);
+        // scan x 2 types (f32, i32);
         // pool, random, rowwise, norm; the vec4 (8 and 16 rows a thread)
         // and staged matmuls' 4 operand layouts each.
         let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
         let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
             + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 5 + 2 + 2 + 4 + 4 + 4 + 4, "{kernels:?}");
+        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 5 + 2 + 2 + 2 + 4 + 4 + 4 + 4, "{kernels:?}");
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);

@@ -661,6 +661,14 @@ impl Tensor {
         self.map(|t| t.logsumexp(&a, keepdim.unwrap_or(false)))
     }
 
+    /// Running sums along `axis` (default -1). `exclusive`: each element
+    /// gets the sum of those before it (the first 0); `reverse`: counted
+    /// from the end of the axis.
+    pub fn cumsum(&self, axis: Option<f64>, exclusive: Option<bool>, reverse: Option<bool>) -> Res<Tensor> {
+        let axis = signed_or("cumsum", "axis", axis, -1)?;
+        self.map(|t| t.cumsum(axis, exclusive.unwrap_or(false), reverse.unwrap_or(false)))
+    }
+
     /// Variance over `axes` with Bessel's `correction` (default 1).
     pub fn var(&self, axes: &AxesArg, keepdim: Option<bool>, correction: Option<f64>) -> Res<Tensor> {
         let a = ints("var", axes)?;

@@ -236,6 +236,9 @@ pub(crate) fn input_gradients<'g>(
         // One row-wise kernel, which recomputes the row statistics from x.
         Op::LayerNorm { eps } => one(x[0].layer_norm_backward(g, eps)),
         Op::LayerNormBackward { eps } => layer_norm_backward_gradients(x[0], x[1], y, g, eps, needs),
+        // y_i = Σ_{j ≤ i} x_j (or j < i) gives dx_j = Σ_{i ≥ j} g_i (or
+        // i > j): the same running sum, counted from the other end.
+        Op::CumSum { axis, exclusive, reverse } => one(g.cumsum(axis as isize, exclusive, !reverse)),
         // The user's backward, checked; only the inputs asked for.
         Op::Custom(c) => {
             let grads = c.gradients(x, y, g)?;

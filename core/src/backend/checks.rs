@@ -218,6 +218,24 @@ pub fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
     (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
 }
 
+/// The (outer, length, inner) split of a CumSum along `axis` of `x` into
+/// `out`: same dims and dtype, an axis inside the rank.
+pub fn scan(
+    axis: usize,
+    x: &[usize],
+    x_dtype: DType,
+    out: &[usize],
+    out_dtype: DType,
+) -> Result<(usize, usize, usize)> {
+    if axis >= x.len() || x != out || x_dtype != out_dtype {
+        return Err(Error::shape(
+            "CumSum",
+            format!("axis {axis} of {x_dtype} {} does not give {out_dtype} {}", fmt_dims(x), fmt_dims(out)),
+        ));
+    }
+    Ok(split_at_axis(x, axis))
+}
+
 /// `dims` with dims[axis] replaced by `len`.
 pub fn with_axis(dims: &[usize], axis: usize, len: usize) -> Dims {
     let mut d: Dims = dims.into();

@@ -283,6 +283,15 @@ pub enum Op {
     LayerNormBackward {
         eps: f64,
     },
+    /// Running sums along `axis`: element i is the sum of the elements
+    /// before it (`exclusive`) or up to it, counted from the end of the
+    /// axis when `reverse`. Summed one after another in that order, in the
+    /// element type (i32 wraps), the same on every backend.
+    CumSum {
+        axis: u8,
+        exclusive: bool,
+        reverse: bool,
+    },
     /// A user-defined op (see `custom`): what it is lives in the registry.
     Custom(CustomOp),
 }
@@ -380,6 +389,7 @@ impl Op {
             Op::CausalSoftmax { diagonal: 0 },
             Op::LayerNorm { eps: 1e-5 },
             Op::LayerNormBackward { eps: 1e-5 },
+            Op::CumSum { axis: 0, exclusive: false, reverse: false },
         ]);
         kinds
     }
@@ -389,7 +399,7 @@ impl Op {
         Op::builtin_kinds().iter().map(|k| k.name()).collect()
     }
 
-    const KIND_GROUPS: usize = 29;
+    const KIND_GROUPS: usize = 30;
 
     /// Which group of `kinds()` an op belongs to (exhaustive on purpose).
     fn kind_of(&self) -> usize {
@@ -422,7 +432,8 @@ impl Op {
             Op::CausalSoftmax { .. } => 25,
             Op::LayerNorm { .. } => 26,
             Op::LayerNormBackward { .. } => 27,
-            Op::Custom(_) => 28,
+            Op::CumSum { .. } => 28,
+            Op::Custom(_) => 29,
         }
     }
 

@@ -39,6 +39,8 @@ pub enum Family {
     /// A normalisation of each row of the last axis (CausalSoftmax,
     /// LayerNorm and its backward).
     Rowwise,
+    /// Running sums along an axis (CumSum).
+    Scan,
     /// A user-defined op (`op::custom`): its own CPU function and WGSL.
     Custom,
 }
@@ -488,6 +490,8 @@ impl Op {
                 0b11,
                 saved(0b11, true),
             ),
+            // The rule is a CumSum of g the other way round: nothing saved.
+            Op::CumSum { .. } => op("CumSum", F::Scan, Arity::Exactly(1), D::NUMERIC, DTypeRule::SameAs(0), 1, nothing),
             // What a custom op is was stated when it was registered.
             Op::Custom(c) => {
                 let d = c.definition();

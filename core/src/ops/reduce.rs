@@ -1,4 +1,4 @@
-//! Reductions over a set of axes.
+//! Reductions over a set of axes, and running sums along one.
 
 use std::panic::Location;
 
@@ -84,5 +84,23 @@ impl<'g> Tensor<'g> {
         let out_dims = reduced_dims(&dims, axes, keepdim);
         let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { DType::I32 } else { dtype };
         self.graph.record(Op::Reduce { op, axes, keepdim }, &[self.id], &out_dims, out_dtype, Location::caller())
+    }
+}
+
+impl<'g> Tensor<'g> {
+    /// Running sums along `axis` (PyTorch's `cumsum`): element i is the sum
+    /// of the elements up to it, or before it (`exclusive`, so the first
+    /// is 0), counted from the end of the axis when `reverse`. Float or
+    /// i32 (which wraps); summed one element after another in that order.
+    #[track_caller]
+    pub fn cumsum(self, axis: isize, exclusive: bool, reverse: bool) -> Result<Tensor<'g>> {
+        let dims = self.dims();
+        let dtype = self.dtype();
+        let axis = normalize_axis("CumSum", axis, dims.len())?;
+        let op = Op::CumSum { axis: axis as u8, exclusive, reverse };
+        if !op.info().dtypes.contains(dtype) {
+            return Err(Error::dtype("CumSum", format!("does not take {dtype} tensors; cast to i32 or a float first")));
+        }
+        self.graph.record(op, &[self.id], &dims, dtype, Location::caller())
     }
 }

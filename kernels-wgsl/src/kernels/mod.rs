@@ -20,6 +20,7 @@ pub(crate) mod pool;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod rowwise;
+pub(crate) mod scan;
 pub(crate) mod update;
 pub(crate) mod window;
 
@@ -72,6 +73,9 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
         #[cfg(target_arch = "wasm32")]
         Op::LayerNorm { .. } | Op::LayerNormBackward { .. } => {
             Err(Error::unsupported(name, "the browser build has no layer-norm kernels (layer_norm composes it)"))
+        }
+        Op::CumSum { axis, exclusive, reverse } => {
+            scan::cumsum(be, axis as usize, exclusive, reverse, arity::<1>(name, ins)?, out)
         }
         Op::Custom(c) => custom::custom(be, c, ins, out),
     }

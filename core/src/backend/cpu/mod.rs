@@ -5,7 +5,7 @@
 //! This module owns the storage slab, the `Backend` impl and the dispatch from
 //! an `Op` to its kernel family. The kernels live in one module per family:
 //! `elementwise`, `reduce`, `matmul`, `movement`, `index`, `update`,
-//! `window`, `rowwise` (CausalSoftmax), `norm` (LayerNorm), `random`; `scalar` holds the element
+//! `window`, `rowwise` (CausalSoftmax), `norm` (LayerNorm), `scan` (CumSum), `random`; `scalar` holds the element
 //! traits they are generic over and `layout` the strided iteration they share.
 
 #[cfg(feature = "rayon")]
@@ -27,6 +27,7 @@ mod random;
 mod reduce;
 mod rowwise;
 mod scalar;
+mod scan;
 mod simd;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd_gemm;
@@ -448,6 +449,9 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>, portable: 
         #[cfg(target_arch = "wasm32")]
         Op::LayerNorm { .. } | Op::LayerNormBackward { .. } => {
             Err(Error::unsupported(name, "the browser build has no layer-norm kernels (layer_norm composes it)"))
+        }
+        Op::CumSum { axis, exclusive, reverse } => {
+            scan::cumsum(axis as usize, exclusive, reverse, arity::<1>(name, ins)?, out)
         }
         Op::Custom(c) => custom::custom(c, ins, out),
     }
