@@ -188,6 +188,9 @@ pub struct Scan {
     pub inner: u32,
     /// Bit 0: exclusive; bit 1: reverse.
     pub flags: u32,
+    /// The segment of each line this dispatch adds (kernels/scan.rs).
+    pub start: u32,
+    pub count: u32,
 }
 
 /// rowwise.wgsl.
@@ -281,7 +284,7 @@ mod tests {
             layout!(Folded { window, batch }),
             layout!(Random { n, keys }),
             layout!(Rowwise { rows, l, s, diagonal, groups, parts }),
-            layout!(Scan { lines, len, inner, flags }),
+            layout!(Scan { lines, len, inner, flags, start, count }),
             layout!(Norm { rows, n, eps }),
         ]
     }

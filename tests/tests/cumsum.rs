@@ -134,6 +134,18 @@ fn vulkan_gives_the_cpu_bits() {
             assert!(want.2 == got.2, "i32 values differ (axis {axis}, {exclusive}, {reverse})");
         }
     }
+    // Lines longer than one dispatch's segment (4,096) and than the 65,535
+    // iterations llvmpipe lets a loop run: still the CPU's bits.
+    let long: Vec<f32> = (0..2 * 70_000).map(|i| ((i * 7919) % 1000) as f32 * 1e-3 - 0.37).collect();
+    for (dims, axis) in [([2, 70_000], 1isize), ([70_000, 2], 0)] {
+        for (exclusive, reverse) in [(false, false), (true, true)] {
+            let run = |device: &Device| {
+                let graph = Graph::new(device);
+                common::bits(&graph.tensor_from(&long, &dims).unwrap().cumsum(axis, exclusive, reverse).unwrap())
+            };
+            assert!(run(&cpu) == run(&vk), "long lines {dims:?} axis {axis}: Vulkan differs from the CPU");
+        }
+    }
     // And the f32 gradient on Vulkan against f64 finite differences.
     let options = GradcheckOptions { eps: 1e-6, atol: 1e-4, rtol: 1e-3, ..GradcheckOptions::default() };
     let inputs = [CheckInput::random(&[6, 2], -1.0, 1.0, 5)];

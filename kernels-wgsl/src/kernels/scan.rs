@@ -1,5 +1,6 @@
 //! Launches scan.wgsl: CumSum (f32, i32), with the CPU backend's shape
-//! check. One invocation per line, adding in the CPU's order.
+//! check. One invocation per line, adding in the CPU's order, one
+//! dispatch per segment of the lines.
 
 use kiln_core::backend::{checks, TensorRef};
 use kiln_core::Result;
@@ -9,6 +10,11 @@ use crate::geometry::word;
 use crate::params::{words, Scan};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
+
+/// Elements of a line one dispatch adds: llvmpipe ends any loop after
+/// 65,535 iterations, and a short loop keeps each dispatch brief on every
+/// GPU.
+const SEGMENT: usize = 4096;
 
 pub(crate) fn cumsum(
     be: &WgpuBackend,
@@ -31,7 +37,13 @@ pub(crate) fn cumsum(
     word(OP, n)?;
     let lines = outer * inner;
     let flags = u32::from(exclusive) | u32::from(reverse) << 1;
-    let params = Scan { lines: word(OP, lines)?, len: word(OP, len)?, inner: word(OP, inner)?, flags };
+    let (lines, len, inner) = (word(OP, lines)?, word(OP, len)?, word(OP, inner)?);
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
-    be.launch(OP, Kernel::Scan(t), "main", &args, words(&params), be.grid_for(OP, lines)?)
+    let grid = be.grid_for(OP, lines as usize)?;
+    for start in (0..len).step_by(SEGMENT) {
+        let count = (len - start).min(SEGMENT as u32);
+        let params = Scan { lines, len, inner, flags, start, count };
+        be.launch(OP, Kernel::Scan(t), "main", &args, words(&params), grid)?;
+    }
+    Ok(())
 }
