@@ -193,6 +193,21 @@ pub struct Scan {
     pub count: u32,
 }
 
+/// select.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Select {
+    pub rows: u32,
+    pub len: u32,
+    pub k: u32,
+    pub largest: u32,
+    /// The position chosen and the segment of the rows scanned by this
+    /// dispatch (kernels/select.rs).
+    pub p: u32,
+    pub start: u32,
+    pub count: u32,
+}
+
 /// rowwise.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -285,6 +300,7 @@ mod tests {
             layout!(Random { n, keys }),
             layout!(Rowwise { rows, l, s, diagonal, groups, parts }),
             layout!(Scan { lines, len, inner, flags, start, count }),
+            layout!(Select { rows, len, k, largest, p, start, count }),
             layout!(Norm { rows, n, eps }),
         ]
     }

@@ -55,9 +55,10 @@ pub const NORM: &str = wgsl_file!("shaders/norm.wgsl");
 pub const TRIG: &str = wgsl_file!("shaders/trig.wgsl");
 pub const STRIDED: &str = wgsl_file!("shaders/strided.wgsl");
 pub const SCAN: &str = wgsl_file!("shaders/scan.wgsl");
+pub const SELECT: &str = wgsl_file!("shaders/select.wgsl");
 
 /// Every shader file by name, for the naga test and for readers.
-pub const FILES: [(&str, &str); 24] = [
+pub const FILES: [(&str, &str); 25] = [
     ("common.wgsl", COMMON),
     ("scalar.wgsl", SCALAR),
     ("fill.wgsl", FILL),
@@ -82,6 +83,7 @@ pub const FILES: [(&str, &str); 24] = [
     ("trig.wgsl", TRIG),
     ("strided.wgsl", STRIDED),
     ("scan.wgsl", SCAN),
+    ("select.wgsl", SELECT),
 ];
 
 /// Workgroup size of every one-dimensional kernel (`WG` in common.wgsl).
@@ -172,6 +174,8 @@ pub enum Kernel {
     Rowwise,
     /// scan.wgsl (CumSum) with the given element type (f32, i32).
     Scan(Ty),
+    /// select.wgsl (TopK) with the given element type (f32, i32).
+    Select(Ty),
     /// norm.wgsl (LayerNorm and its backward, f32; native only: the
     /// browser build composes layer norm).
     #[cfg(not(target_arch = "wasm32"))]
@@ -307,6 +311,11 @@ impl Kernel {
             Kernel::Rowwise => ROWWISE.to_string(),
             Kernel::Scan(Ty::U32) => return None, // no bool CumSum (nor on the CPU)
             Kernel::Scan(t) => specialise(SCAN, &[alias("T", t)]),
+            Kernel::Select(Ty::U32) => return None, // no bool TopK (nor on the CPU)
+            Kernel::Select(Ty::I32) => {
+                specialise(SELECT, &[alias("T", Ty::I32), "fn nan(v: T) -> bool {\n    return false;\n}".to_string()])
+            }
+            Kernel::Select(t) => specialise(SELECT, &[alias("T", t)]),
             #[cfg(not(target_arch = "wasm32"))]
             Kernel::Norm => NORM.to_string(),
             Kernel::Custom(_) => unreachable!("handled above"),
@@ -565,6 +574,7 @@ pub fn all_kernels() -> Vec<Kernel> {
         v.push(Kernel::Where(t));
         v.push(Kernel::Index(t));
         v.push(Kernel::Scan(t));
+        v.push(Kernel::Select(t));
         for to in Ty::ALL {
             v.push(Kernel::Cast(t, to));
         }
@@ -783,13 +793,17 @@ mod tests {
         // a variant); 18 compares; 6 + 6 + 2 reductions; matmul, chunks,
         // copy, update (scalar and vec4); window and folded window x 2
         // types (f32, i32);
-        // scan x 2 types (f32, i32);
+        // scan and select x 2 types (f32, i32);
         // pool, random, rowwise, norm; the vec4 (8 and 16 rows a thread)
         // and staged matmuls' 4 operand layouts each.
         let table = |op: Op| [DType::F32, DType::I32].iter().filter(|&&d| op.info().dtypes.contains(d)).count();
         let elementwise: usize = UnaryOp::ALL.iter().map(|&u| table(Op::Unary(u))).sum::<usize>()
             + BinaryOp::ALL.iter().map(|&b| table(Op::Binary(b))).sum::<usize>();
-        assert_eq!(kernels.len(), 3 + 3 + 3 + 9 + elementwise + 18 + 14 + 5 + 2 + 2 + 2 + 4 + 4 + 4 + 4, "{kernels:?}");
+        assert_eq!(
+            kernels.len(),
+            3 + 3 + 3 + 9 + elementwise + 18 + 14 + 5 + 2 + 2 + 2 + 2 + 4 + 4 + 4 + 4,
+            "{kernels:?}"
+        );
         for k in kernels {
             let src = k.source().expect("listed variants exist");
             validate(&k.label(), &src);

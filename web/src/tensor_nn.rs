@@ -176,6 +176,17 @@ impl Tensor {
         Ok(tensor_list(self.map_to_many(|t| t.split(&s, axis))?))
     }
 
+    /// The `k` largest entries along `axis` (default -1; the smallest when
+    /// `largest` is false) and their positions: `[values, indices]`, best
+    /// first, ties to the lower position, NaN above every number.
+    #[wasm_bindgen(js_name = topK)]
+    pub fn top_k(&self, k: f64, axis: Option<f64>, largest: Option<bool>) -> Res<TensorList> {
+        let k = count("topK", "k", k)?;
+        let axis = signed_or("topK", "axis", axis, -1)?;
+        let largest = largest.unwrap_or(true);
+        Ok(tensor_list(self.map_to_many(|t| t.top_k(k, axis, largest).map(|(v, i)| vec![v, i]))?))
+    }
+
     /// Split along `axis` into `chunks` nearly equal pieces.
     pub fn chunk(&self, chunks: f64, axis: Option<f64>) -> Res<TensorList> {
         let chunks = count("chunk", "chunks", chunks)?;

@@ -75,6 +75,7 @@ export const reach = {
   MaxPool2d: (g) => img(g).maxPool2d(2),
   CausalSoftmax: (g) => f32(g, [1, 2, 3, 4], [2, 2]).causalSoftmax(),
   CumSum: (g) => f32(g, [1, 2, 3, 4], [2, 2]).cumsum(1, true, true),
+  TopK: (g) => f32(g, [1, 4, 3, 2], [2, 2]).topK(1)[1],
   // The Custom kind's stand-in (registered in Rust); JS defines its own with k.customOp.
   CustomCube: (g, kiln, k) => k.findCustomOp('CustomCube').apply([f32(g, [1.5], [1])]),
   MaxPool2dBackward: (g) => { const x = img(g); return x.maxPool2dBackward(x.maxPool2d(2), 2); },

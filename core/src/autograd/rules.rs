@@ -250,6 +250,7 @@ pub(crate) fn input_gradients<'g>(
         | Op::Arange { .. }
         | Op::RandUniform { .. }
         | Op::RandNormal { .. }
+        | Op::TopK { .. }
         | Op::Compare(_) => Err(no_rule(&op)),
     }
 }

@@ -236,6 +236,23 @@ pub fn scan(
     Ok(split_at_axis(x, axis))
 }
 
+/// The (rows, row length) of a TopK of `x` into `out`: rank >= 1, `out`
+/// is `x` with its last axis k <= that length, i32, and x numeric.
+pub fn top_k(k: usize, x: &[usize], x_dtype: DType, out: &[usize], out_dtype: DType) -> Result<(usize, usize)> {
+    let len = x.last().copied().unwrap_or(0);
+    if x.is_empty() || k > len || out != with_axis(x, x.len() - 1, k).as_slice() {
+        return Err(Error::shape(
+            "TopK",
+            format!("{k} of the last axis of {} does not give {}", fmt_dims(x), fmt_dims(out)),
+        ));
+    }
+    if x_dtype == DType::Bool || out_dtype != DType::I32 {
+        return Err(Error::dtype("TopK", format!("takes f32, f64 or i32 and gives i32, not {x_dtype} -> {out_dtype}")));
+    }
+    let rows = if len == 0 { 0 } else { x.iter().product::<usize>() / len };
+    Ok((rows, len))
+}
+
 /// `dims` with dims[axis] replaced by `len`.
 pub fn with_axis(dims: &[usize], axis: usize, len: usize) -> Dims {
     let mut d: Dims = dims.into();

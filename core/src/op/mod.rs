@@ -292,6 +292,15 @@ pub enum Op {
         exclusive: bool,
         reverse: bool,
     },
+    /// Positions (i32) of the `k` largest elements of each row of the last
+    /// axis, or the smallest when not `largest`, best first; ties go to the
+    /// lower position and NaN ranks above every number (as PyTorch's
+    /// topk). `Tensor::top_k` gathers the values with IndexSelect, whose
+    /// rule carries their gradient.
+    TopK {
+        k: u32,
+        largest: bool,
+    },
     /// A user-defined op (see `custom`): what it is lives in the registry.
     Custom(CustomOp),
 }
@@ -390,6 +399,7 @@ impl Op {
             Op::LayerNorm { eps: 1e-5 },
             Op::LayerNormBackward { eps: 1e-5 },
             Op::CumSum { axis: 0, exclusive: false, reverse: false },
+            Op::TopK { k: 1, largest: true },
         ]);
         kinds
     }
@@ -399,7 +409,7 @@ impl Op {
         Op::builtin_kinds().iter().map(|k| k.name()).collect()
     }
 
-    const KIND_GROUPS: usize = 30;
+    const KIND_GROUPS: usize = 31;
 
     /// Which group of `kinds()` an op belongs to (exhaustive on purpose).
     fn kind_of(&self) -> usize {
@@ -433,7 +443,8 @@ impl Op {
             Op::LayerNorm { .. } => 26,
             Op::LayerNormBackward { .. } => 27,
             Op::CumSum { .. } => 28,
-            Op::Custom(_) => 29,
+            Op::TopK { .. } => 29,
+            Op::Custom(_) => 30,
         }
     }
 

@@ -41,6 +41,8 @@ pub enum Family {
     Rowwise,
     /// Running sums along an axis (CumSum).
     Scan,
+    /// Positions chosen by comparing elements (TopK).
+    Selection,
     /// A user-defined op (`op::custom`): its own CPU function and WGSL.
     Custom,
 }
@@ -492,6 +494,10 @@ impl Op {
             ),
             // The rule is a CumSum of g the other way round: nothing saved.
             Op::CumSum { .. } => op("CumSum", F::Scan, Arity::Exactly(1), D::NUMERIC, DTypeRule::SameAs(0), 1, nothing),
+            Op::TopK { .. } => no_rule(
+                op("TopK", F::Selection, Arity::Exactly(1), D::NUMERIC, DTypeRule::I32, 0, nothing),
+                "it gives integer positions; gradients reach the values through the IndexSelect that gathers them",
+            ),
             // What a custom op is was stated when it was registered.
             Op::Custom(c) => {
                 let d = c.definition();

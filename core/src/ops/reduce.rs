@@ -104,3 +104,54 @@ impl<'g> Tensor<'g> {
         self.graph.record(op, &[self.id], &dims, dtype, Location::caller())
     }
 }
+
+impl<'g> Tensor<'g> {
+    /// The `k` largest elements along `axis` (the smallest when not
+    /// `largest`) and their positions as i32, best first (PyTorch's `topk`,
+    /// sorted): ties go to the lower position and NaN ranks above every
+    /// number. The values carry gradient (scattered back to the chosen
+    /// positions); the positions do not.
+    #[track_caller]
+    pub fn top_k(self, k: usize, axis: isize, largest: bool) -> Result<(Tensor<'g>, Tensor<'g>)> {
+        const OP: &str = "TopK";
+        let dims = self.dims();
+        let dtype = self.dtype();
+        let axis = normalize_axis(OP, axis, dims.len())?;
+        if !(Op::TopK { k: 0, largest }).info().dtypes.contains(dtype) {
+            return Err(Error::dtype(OP, format!("does not take {dtype} tensors; cast to i32 or a float first")));
+        }
+        let len = dims[axis];
+        if k > len {
+            return Err(Error::out_of_range(OP, format!("k {k} is more than the {len} elements of axis {axis}")));
+        }
+        if self.numel() > i32::MAX as usize {
+            return Err(Error::shape(OP, format!("{} has more elements than i32 positions reach", fmt_dims(&dims))));
+        }
+        // The kernel ranks rows of the last axis: move `axis` there.
+        let last = dims.len() - 1;
+        let perm: Vec<usize> = (0..dims.len()).filter(|&a| a != axis).chain([axis]).collect();
+        let moved = if axis == last { self } else { self.permute(&perm)? };
+        let mut out_dims = moved.dims();
+        out_dims[last] = k;
+        let op = Op::TopK { k: k as u32, largest };
+        let positions = self.graph.record(op, &[moved.id], &out_dims, DType::I32, Location::caller())?;
+        let values = if k == 0 {
+            moved.slice_axis(last as isize, 0, 0, 1)?
+        } else {
+            // Gather from the flattened rows at row · len + position:
+            // IndexSelect's rule scatters the values' gradient back.
+            let rows = moved.numel() / len;
+            let offsets = self.graph.arange(0.0, len as f64, rows, DType::I32)?.reshape_to(&[rows, 1])?;
+            let flat = positions.reshape_to(&[rows, k])?.add(offsets)?.reshape_to(&[rows * k])?;
+            moved.reshape_to(&[rows * len])?.index_select(0, flat)?.reshape_to(&out_dims)?
+        };
+        if axis == last {
+            return Ok((values, positions));
+        }
+        let mut back = vec![0; perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            back[p] = i;
+        }
+        Ok((values.permute(&back)?, positions.permute(&back)?))
+    }
+}

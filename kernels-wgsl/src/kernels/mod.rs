@@ -21,6 +21,7 @@ pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod rowwise;
 pub(crate) mod scan;
+pub(crate) mod select;
 pub(crate) mod update;
 pub(crate) mod window;
 
@@ -77,6 +78,7 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
         Op::CumSum { axis, exclusive, reverse } => {
             scan::cumsum(be, axis as usize, exclusive, reverse, arity::<1>(name, ins)?, out)
         }
+        Op::TopK { k, largest } => select::top_k(be, k as usize, largest, arity::<1>(name, ins)?, out),
         Op::Custom(c) => custom::custom(be, c, ins, out),
     }
 }

@@ -5,7 +5,7 @@
 //! This module owns the storage slab, the `Backend` impl and the dispatch from
 //! an `Op` to its kernel family. The kernels live in one module per family:
 //! `elementwise`, `reduce`, `matmul`, `movement`, `index`, `update`,
-//! `window`, `rowwise` (CausalSoftmax), `norm` (LayerNorm), `scan` (CumSum), `random`; `scalar` holds the element
+//! `window`, `rowwise` (CausalSoftmax), `norm` (LayerNorm), `scan` (CumSum), `select` (TopK), `random`; `scalar` holds the element
 //! traits they are generic over and `layout` the strided iteration they share.
 
 #[cfg(feature = "rayon")]
@@ -28,6 +28,7 @@ mod reduce;
 mod rowwise;
 mod scalar;
 mod scan;
+mod select;
 mod simd;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd_gemm;
@@ -453,6 +454,7 @@ fn dispatch(call: &KernelCall<'_>, ins: &[In<'_>], out: &mut Out<'_>, portable: 
         Op::CumSum { axis, exclusive, reverse } => {
             scan::cumsum(axis as usize, exclusive, reverse, arity::<1>(name, ins)?, out)
         }
+        Op::TopK { k, largest } => select::top_k(k as usize, largest, arity::<1>(name, ins)?, out),
         Op::Custom(c) => custom::custom(c, ins, out),
     }
 }
