@@ -83,6 +83,15 @@ pub(crate) fn run(be: &WgpuBackend, call: &KernelCall<'_>) -> Result<()> {
     }
 }
 
+/// The (start, count) segments of `len` elements that one dispatch of a
+/// scanning kernel takes (scan.wgsl, select.wgsl): llvmpipe ends any loop
+/// after 65,535 iterations, without an error, and a short loop keeps each
+/// dispatch brief on every GPU.
+pub(crate) fn segments(len: u32) -> impl Iterator<Item = (u32, u32)> {
+    const SEGMENT: u32 = 4096;
+    (0..len).step_by(SEGMENT as usize).map(move |start| (start, (len - start).min(SEGMENT)))
+}
+
 fn arity<'a, 'b, const N: usize>(op: &'static str, ins: &'b [TensorRef<'a>]) -> Result<&'b [TensorRef<'a>; N]> {
     ins.try_into().map_err(|_| Error::backend(op, format!("expected {N} inputs, got {}", ins.len())))
 }

@@ -5,16 +5,11 @@
 use kiln_core::backend::{checks, TensorRef};
 use kiln_core::Result;
 
-use super::{ty, unsupported_dtype};
+use super::{segments, ty, unsupported_dtype};
 use crate::geometry::word;
 use crate::params::{words, Scan};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
-
-/// Elements of a line one dispatch adds: llvmpipe ends any loop after
-/// 65,535 iterations, and a short loop keeps each dispatch brief on every
-/// GPU.
-const SEGMENT: usize = 4096;
 
 pub(crate) fn cumsum(
     be: &WgpuBackend,
@@ -40,8 +35,7 @@ pub(crate) fn cumsum(
     let (lines, len, inner) = (word(OP, lines)?, word(OP, len)?, word(OP, inner)?);
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
     let grid = be.grid_for(OP, lines as usize)?;
-    for start in (0..len).step_by(SEGMENT) {
-        let count = (len - start).min(SEGMENT as u32);
+    for (start, count) in segments(len) {
         let params = Scan { lines, len, inner, flags, start, count };
         be.launch(OP, Kernel::Scan(t), "main", &args, words(&params), grid)?;
     }

@@ -1,21 +1,17 @@
 //! Launches select.wgsl: TopK (f32, i32 input; i32 positions), with the
 //! CPU backend's shape check. One invocation per row, in the CPU's order;
-//! one dispatch per (position, segment of the rows), so k · ⌈len / SEGMENT⌉
+//! one dispatch per (position, segment of the rows), so k · ⌈len / 4096⌉
 //! dispatches: fine for the k of sampling and of accuracy@k, slow for a
 //! full sort of long rows.
 
 use kiln_core::backend::{checks, TensorRef};
 use kiln_core::Result;
 
-use super::unsupported_dtype;
+use super::{segments, unsupported_dtype};
 use crate::geometry::word;
 use crate::params::{words, Select};
 use crate::shaders::{Kernel, Ty};
 use crate::{Arg, WgpuBackend};
-
-/// Elements of a row one dispatch scans: llvmpipe ends any loop after
-/// 65,535 iterations.
-const SEGMENT: usize = 4096;
 
 pub(crate) fn top_k(
     be: &WgpuBackend,
@@ -37,8 +33,7 @@ pub(crate) fn top_k(
     let args = [(1, Arg::input(x)), (2, Arg::output(out))];
     let grid = be.grid_for(OP, rows)?;
     for p in 0..k {
-        for start in (0..len).step_by(SEGMENT) {
-            let count = (len - start).min(SEGMENT as u32);
+        for (start, count) in segments(len) {
             let params = Select { rows: rows32, len, k, largest: u32::from(largest), p, start, count };
             be.launch(OP, Kernel::Select(t), "main", &args, words(&params), grid)?;
         }

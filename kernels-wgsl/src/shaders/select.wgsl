@@ -33,10 +33,10 @@ struct Select {
 @group(0) @binding(1) var<storage, read> x: array<T>;
 @group(0) @binding(2) var<storage, read_write> out: array<i32>;
 
-// NaN by its bits (a compiler may fold `v != v` to false). Specialised to
-// `false` for i32.
+// common.wgsl's test by bits (a compiler may fold `v != v` to false).
+// Specialised to `false` for i32.
 fn nan(v: T) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+    return is_nan(v);
 }
 
 // Whether (a at position ia) comes before (b at ib).
